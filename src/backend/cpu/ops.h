@@ -1,0 +1,81 @@
+// CPU kernels, fp32 arithmetic over weights stored as F32, BF16 or F16. They are the reference
+// the CUDA kernels are tested against, so each computes every output element in an order that
+// does not depend on the batch: a token's result is the same alone or in any batch.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "formats/model_spec.h"
+
+namespace spill::cpu {
+
+// ---- matmul.cpp --------------------------------------------------------------
+// y[n, M] = x[n, K] * w[M, K]^T (+ bias[M]). Parallel over the rows of w.
+void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, float* y,
+            const TensorView* bias = nullptr);
+// Dot product of x[K] with row `row` of w, in the canonical accumulation order.
+float dot_row(const float* x, const TensorView& w, int64_t row);
+// Row `row` of w as floats.
+void load_row(const TensorView& w, int64_t row, float* out);
+
+// ---- norm.cpp ----------------------------------------------------------------
+// out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight, for n rows of width dim.
+// out may alias x.
+void rmsnorm(const float* x, int64_t n, int64_t dim, const TensorView& weight, double eps, float* out);
+
+// ---- rope.cpp ----------------------------------------------------------------
+// Rotary position embedding, rotate-half (NeoX) form, as transformers applies it.
+struct RopeTable {
+  std::vector<float> inv_freq;   // [head_dim / 2]
+  float attention_factor = 1.0f; // scales cos and sin (YaRN)
+};
+RopeTable make_rope_table(const RopeSpec& rope, int64_t head_dim);
+// x: [n_tokens, n_heads, head_dim]; positions: [n_tokens].
+void apply_rope(const RopeTable& table, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                const int32_t* positions);
+
+// ---- attention.cpp -----------------------------------------------------------
+// Paged KV: for each layer, K and V are [n_blocks][block_size][n_kv_heads][head_dim] floats.
+struct PagedKv {
+  float* k = nullptr;
+  float* v = nullptr;
+  int32_t block_size = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  float* k_at(int32_t block, int32_t slot) const { return k + (int64_t(block) * block_size + slot) * n_kv_heads * head_dim; }
+  float* v_at(int32_t block, int32_t slot) const { return v + (int64_t(block) * block_size + slot) * n_kv_heads * head_dim; }
+};
+
+struct AttentionChunk {  // one sequence's tokens in this step (see model/batch.h SeqChunk)
+  int32_t first_token, n_tokens, start_pos;
+  std::span<const int32_t> block_table;
+};
+
+// Writes k, v ([n_tokens, kv_dim]) into their slots, then causal grouped-query attention of
+// q ([n_tokens, n_heads, head_dim]) over each chunk's cached and new positions. out: [n_tokens, q_dim].
+void paged_attention(ThreadPool& pool, const PagedKv& kv, std::span<const AttentionChunk> chunks, const float* q,
+                     const float* k, const float* v, int64_t n_heads, float* out);
+
+// ---- moe.cpp -----------------------------------------------------------------
+struct ExpertView {
+  const TensorView* gate;  // [I, H]
+  const TensorView* up;    // [I, H]
+  const TensorView* down;  // [H, I]
+};
+
+// Softmax over router logits [n, E], top-k per row (descending weight; ties to the lower id),
+// optionally renormalised. ids/weights: [n, k].
+void route_topk(const float* router_logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise,
+                int32_t* ids, float* weights);
+
+// out[t] = sum over the token's k experts of weight * expert(x[t]); experts run once each over
+// the tokens routed to them. out: [n, H], overwritten.
+void moe_experts(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, int64_t k, const int32_t* ids,
+                 const float* weights, std::span<const ExpertView> experts, float* out);
+
+// SwiGLU MLP for all n rows: out = down(silu(gate(x)) * up(x)).
+void swiglu_mlp(ThreadPool& pool, const float* x, int64_t n, const ExpertView& mlp, float* out);
+
+}  // namespace spill::cpu

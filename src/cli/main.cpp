@@ -1,0 +1,29 @@
+// spill: serve Mixture-of-Experts models larger than the GPU.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"spill: inference for Mixture-of-Experts models bigger than the GPU"};
+  app.set_version_flag("--version", std::string("spill ") + SPILL_VERSION);
+  app.require_subcommand(1);
+  spill::cli::add_info_command(app);
+
+  spill::cli::add_logits_command(app);
+  // run-batch and serve register here once they land
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const spill::Error& e) {
+    std::fprintf(stderr, "spill: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "spill: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

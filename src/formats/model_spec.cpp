@@ -1,0 +1,262 @@
+#include "formats/model_spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace spill {
+
+using json = nlohmann::json;
+
+const char* arch_name(Arch arch) {
+  switch (arch) {
+    case Arch::Llama: return "llama";
+    case Arch::Qwen3: return "qwen3";
+    case Arch::Qwen3Moe: return "qwen3_moe";
+    case Arch::Mixtral: return "mixtral";
+    case Arch::Olmoe: return "olmoe";
+  }
+  return "?";
+}
+
+namespace {
+
+// Typed access to config fields with errors that name the file and the field.
+struct Fields {
+  const json& j;
+  const std::string& where;
+
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+
+  int64_t integer(const char* key) const {
+    if (!has(key)) fail("{}: missing field '{}'", where, key);
+    return integer_of(j[key], key);
+  }
+  int64_t integer(const char* key, int64_t fallback) const { return has(key) ? integer_of(j[key], key) : fallback; }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_number()) fail("{}: field '{}' must be a number, got {}", where, key, j[key].dump());
+    return j[key].get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_boolean()) fail("{}: field '{}' must be true or false, got {}", where, key, j[key].dump());
+    return j[key].get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_string()) fail("{}: field '{}' must be a string, got {}", where, key, j[key].dump());
+    return j[key].get<std::string>();
+  }
+  int64_t integer_of(const json& v, const char* key) const {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))) return int64_t(v.get<double>());
+    fail("{}: field '{}' must be an integer, got {}", where, key, v.dump());
+  }
+  std::vector<int32_t> int_or_list(const char* key) const {
+    std::vector<int32_t> out;
+    if (!has(key)) return out;
+    const json& v = j[key];
+    if (v.is_array()) {
+      for (const json& e : v) out.push_back(int32_t(integer_of(e, key)));
+    } else {
+      out.push_back(int32_t(integer_of(v, key)));
+    }
+    return out;
+  }
+};
+
+RopeSpec parse_rope(const json& config, const Fields& f, const std::string& where) {
+  RopeSpec rope;
+  // Classic Hub configs: rope_theta + rope_scaling. transformers 5 writes rope_parameters instead
+  // (with rope_theta inside it); accept both.
+  const json* params = nullptr;
+  if (f.has("rope_scaling")) params = &config["rope_scaling"];
+  if (f.has("rope_parameters")) params = &config["rope_parameters"];
+  rope.theta = f.number("rope_theta", 10000.0);
+  if (!params) return rope;
+  if (!params->is_object()) fail("{}: 'rope_scaling' must be an object or null", where);
+  Fields p{*params, where};
+  rope.theta = p.number("rope_theta", rope.theta);
+  std::string type = p.string("rope_type", p.string("type", "default"));
+  if (type == "default") return rope;
+  rope.factor = p.number("factor", 1.0);
+  if (rope.factor <= 0) fail("{}: rope_scaling.factor must be positive", where);
+  if (type == "linear") {
+    rope.kind = RopeKind::Linear;
+  } else if (type == "llama3") {
+    rope.kind = RopeKind::Llama3;
+    rope.low_freq_factor = p.number("low_freq_factor", 1.0);
+    rope.high_freq_factor = p.number("high_freq_factor", 4.0);
+    rope.original_max_position = p.integer("original_max_position_embeddings");
+    if (rope.high_freq_factor <= rope.low_freq_factor)
+      fail("{}: rope_scaling.high_freq_factor must exceed low_freq_factor", where);
+  } else if (type == "yarn") {
+    rope.kind = RopeKind::Yarn;
+    rope.beta_fast = p.number("beta_fast", 32.0);
+    rope.beta_slow = p.number("beta_slow", 1.0);
+    rope.truncate = p.boolean("truncate", true);
+    const int64_t max_pos = f.integer("max_position_embeddings");
+    rope.original_max_position = max_pos;
+    // As transformers does: when the original length is given, the ratio to the configured
+    // length is the scaling factor (DeepSeek-V3 and Qwen3 checkpoints rely on this).
+    if (p.has("original_max_position_embeddings")) {
+      rope.original_max_position = p.integer("original_max_position_embeddings");
+      rope.factor = double(max_pos) / double(rope.original_max_position);
+    }
+    auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    if (p.has("attention_factor")) {
+      rope.attention_factor = p.number("attention_factor", 1.0);
+    } else if (p.has("mscale") && p.has("mscale_all_dim")) {
+      rope.attention_factor =
+          get_mscale(rope.factor, p.number("mscale", 1.0)) / get_mscale(rope.factor, p.number("mscale_all_dim", 1.0));
+    } else {
+      rope.attention_factor = get_mscale(rope.factor, 1.0);
+    }
+  } else {
+    fail("{}: rope_scaling type '{}' is not supported (supported: default, linear, llama3, yarn)", where, type);
+  }
+  return rope;
+}
+
+}  // namespace
+
+ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
+  json config;
+  try {
+    config = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", where, e.what());
+  }
+  if (!config.is_object()) fail("{}: must be a JSON object", where);
+  Fields f{config, where};
+  ModelSpec s;
+  s.model_type = f.string("model_type", "");
+  if (s.model_type == "llama" || s.model_type == "mistral") s.arch = Arch::Llama;
+  else if (s.model_type == "qwen3") s.arch = Arch::Qwen3;
+  else if (s.model_type == "qwen3_moe") s.arch = Arch::Qwen3Moe;
+  else if (s.model_type == "mixtral") s.arch = Arch::Mixtral;
+  else if (s.model_type == "olmoe") s.arch = Arch::Olmoe;
+  else if (s.model_type.empty()) fail("{}: missing field 'model_type'", where);
+  else fail("{}: model_type '{}' is not supported (supported: llama, mistral, qwen3, qwen3_moe, mixtral, olmoe)", where, s.model_type);
+
+  s.vocab_size = f.integer("vocab_size");
+  s.hidden_size = f.integer("hidden_size");
+  s.n_layers = f.integer("num_hidden_layers");
+  s.n_heads = f.integer("num_attention_heads");
+  s.n_kv_heads = f.integer("num_key_value_heads", s.n_heads);
+  if (s.vocab_size <= 0 || s.hidden_size <= 0 || s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0)
+    fail("{}: vocab_size, hidden_size, num_hidden_layers, num_attention_heads and num_key_value_heads must be positive", where);
+  if (s.n_heads % s.n_kv_heads != 0)
+    fail("{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where, s.n_heads, s.n_kv_heads);
+  s.head_dim = f.integer("head_dim", s.hidden_size / s.n_heads);
+  if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("{}: head_dim ({}) must be positive and even", where, s.head_dim);
+  s.intermediate_size = f.integer("intermediate_size", 0);
+  s.max_position_embeddings = f.integer("max_position_embeddings", 4096);
+  s.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  s.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  s.attention_bias = f.boolean("attention_bias", false);
+  s.clip_qkv = f.number("clip_qkv", 0.0);
+  if (f.boolean("mlp_bias", false)) fail("{}: mlp_bias = true is not supported", where);
+  const std::string act = f.string("hidden_act", "silu");
+  if (act != "silu") fail("{}: hidden_act '{}' is not supported (spill runs SwiGLU MLPs: 'silu')", where, act);
+  s.rope = parse_rope(config, f, where);
+  if (f.has("partial_rotary_factor") && f.number("partial_rotary_factor", 1.0) != 1.0)
+    fail("{}: partial_rotary_factor != 1 is not supported", where);
+
+  s.layer_is_moe.assign(size_t(s.n_layers), false);
+  switch (s.arch) {
+    case Arch::Llama:
+      break;
+    case Arch::Qwen3:
+      s.qk_norm = QkNorm::PerHead;
+      break;
+    case Arch::Qwen3Moe: {
+      s.qk_norm = QkNorm::PerHead;
+      s.n_experts = f.integer("num_experts");
+      s.n_experts_per_token = f.integer("num_experts_per_tok");
+      s.moe_intermediate_size = f.integer("moe_intermediate_size");
+      s.norm_topk_prob = f.boolean("norm_topk_prob", false);
+      const int64_t step = f.integer("decoder_sparse_step", 1);
+      std::vector<int64_t> dense_layers;
+      if (f.has("mlp_only_layers")) {
+        if (!config["mlp_only_layers"].is_array()) fail("{}: field 'mlp_only_layers' must be a list of layer indices", where);
+        for (const json& v : config["mlp_only_layers"]) dense_layers.push_back(f.integer_of(v, "mlp_only_layers"));
+      }
+      for (int64_t i = 0; i < s.n_layers; ++i) {
+        bool dense = std::find(dense_layers.begin(), dense_layers.end(), i) != dense_layers.end();
+        s.layer_is_moe[size_t(i)] = !dense && s.n_experts > 0 && step > 0 && (i + 1) % step == 0;
+      }
+      break;
+    }
+    case Arch::Mixtral:
+      s.n_experts = f.integer("num_local_experts");
+      s.n_experts_per_token = f.integer("num_experts_per_tok");
+      s.moe_intermediate_size = s.intermediate_size;
+      s.norm_topk_prob = true;
+      s.layer_is_moe.assign(size_t(s.n_layers), true);
+      if (f.has("sliding_window") && f.integer("sliding_window") < s.max_position_embeddings)
+        fail("{}: sliding_window attention is not supported yet (sliding_window = {})", where, f.integer("sliding_window"));
+      break;
+    case Arch::Olmoe:
+      s.qk_norm = QkNorm::WholeProjection;
+      s.n_experts = f.integer("num_experts");
+      s.n_experts_per_token = f.integer("num_experts_per_tok");
+      s.moe_intermediate_size = s.intermediate_size;
+      s.norm_topk_prob = f.boolean("norm_topk_prob", false);
+      s.layer_is_moe.assign(size_t(s.n_layers), true);
+      break;
+  }
+  if (s.arch == Arch::Qwen3 || s.arch == Arch::Qwen3Moe) {
+    if (f.boolean("use_sliding_window", false)) fail("{}: use_sliding_window = true is not supported yet", where);
+  }
+  if (s.n_experts > 0) {
+    if (s.n_experts_per_token <= 0 || s.n_experts_per_token > s.n_experts)
+      fail("{}: num_experts_per_tok ({}) must be between 1 and the number of experts ({})", where,
+           s.n_experts_per_token, s.n_experts);
+    if (s.moe_intermediate_size <= 0) fail("{}: the expert intermediate size must be positive", where);
+  }
+  bool any_dense = false;
+  for (bool moe : s.layer_is_moe) any_dense |= !moe;
+  if (any_dense && s.intermediate_size <= 0) fail("{}: missing field 'intermediate_size' (needed by dense layers)", where);
+  s.eos_token_ids = f.int_or_list("eos_token_id");
+  s.bos_token_id = f.has("bos_token_id") ? int32_t(f.integer("bos_token_id")) : -1;
+  return s;
+}
+
+static std::string read_file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot read", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+ModelSpec load_model_spec(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path)) fail("{}: no config.json (is this a Hugging Face model folder?)", dir);
+  ModelSpec spec = parse_model_spec(read_file_text(config_path), config_path);
+  // generation_config.json often lists more end-of-turn ids than config.json (e.g. <|im_end|>).
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(gen_path)) {
+    json gen;
+    try {
+      gen = json::parse(read_file_text(gen_path));
+    } catch (const json::exception& e) {
+      fail("{}: not valid JSON: {}", gen_path, e.what());
+    }
+    if (gen.is_object()) {
+      Fields g{gen, gen_path};
+      for (int32_t id : g.int_or_list("eos_token_id"))
+        if (std::find(spec.eos_token_ids.begin(), spec.eos_token_ids.end(), id) == spec.eos_token_ids.end())
+          spec.eos_token_ids.push_back(id);
+    }
+  }
+  return spec;
+}
+
+}  // namespace spill

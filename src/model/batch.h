@@ -1,0 +1,50 @@
+// What one forward step computes: the contract between the engine's scheduler (which plans
+// steps) and a model runner (which executes them on some backend).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace spill {
+
+// One sequence's part of a step: n_tokens new tokens (a prefill chunk, or 1 when decoding)
+// at positions [start_pos, start_pos + n_tokens). Positions before start_pos are already in
+// the KV cache. The block table maps position p to KV block block_table[p / block_size],
+// slot p % block_size, and must cover every position up to start_pos + n_tokens.
+struct SeqChunk {
+  int32_t first_token = 0;  // index of this chunk's first token in ForwardBatch::tokens
+  int32_t n_tokens = 0;
+  int32_t start_pos = 0;
+  std::span<const int32_t> block_table;
+  bool want_logits = false;  // return logits for the chunk's last token
+};
+
+struct ForwardBatch {
+  std::vector<int32_t> tokens;  // all chunks' tokens, chunk after chunk
+  std::vector<SeqChunk> seqs;
+  // When true, logits for every token of every chunk (used by `spill logits` and tests);
+  // otherwise one row per chunk that wants logits, in chunk order.
+  bool all_logits = false;
+
+  int64_t n_tokens() const { return int64_t(tokens.size()); }
+  int64_t n_logit_rows() const {
+    if (all_logits) return n_tokens();
+    int64_t n = 0;
+    for (const SeqChunk& s : seqs) n += s.want_logits;
+    return n;
+  }
+};
+
+// Optional observer of a forward, for tests and debugging: router choices per layer, and named
+// intermediate tensors (hidden states after each layer, ...), the way a CPU-vs-GPU divergence
+// is found layer by layer.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // expert_ids and weights are [n_tokens, k], each row ordered by descending weight.
+  virtual void on_router(int layer, int64_t n_tokens, int64_t k, const int32_t* expert_ids, const float* weights) {}
+  // data is [rows, cols] float32, row-major, valid only during the call.
+  virtual void on_tensor(const char* name, int layer, const float* data, int64_t rows, int64_t cols) {}
+};
+
+}  // namespace spill

@@ -1,0 +1,54 @@
+// A loaded model: its resolved spec and views of every weight, by role, in the mapped files.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "formats/model_spec.h"
+#include "formats/safetensors.h"
+
+namespace spill {
+
+// One routed (or shared) expert: SwiGLU, down(silu(gate(x)) * up(x)).
+struct ExpertWeights {
+  TensorView gate;  // [moe_intermediate, hidden]
+  TensorView up;    // [moe_intermediate, hidden]
+  TensorView down;  // [hidden, moe_intermediate]
+};
+
+struct LayerWeights {
+  TensorView attn_norm;                 // [hidden]
+  TensorView q, k, v, o;                // [q_dim, hidden], [kv_dim, hidden] x2, [hidden, q_dim]
+  TensorView q_bias, k_bias, v_bias, o_bias;  // empty unless attention_bias
+  TensorView q_norm, k_norm;            // [head_dim] (per head) or [q_dim]/[kv_dim] (whole projection); empty if none
+  TensorView mlp_norm;                  // [hidden]
+  ExpertWeights dense;                  // dense MLP (intermediate_size) when !spec.layer_is_moe[layer]
+  TensorView router;                    // [n_experts, hidden]
+  std::vector<ExpertWeights> experts;   // n_experts views when spec.layer_is_moe[layer]
+};
+
+class Model {
+ public:
+  // Loads <dir>/config.json and the safetensors weights, checks every shape against the
+  // config. Throws spill::Error naming the file, tensor or field on any problem.
+  static std::unique_ptr<Model> load(const std::string& dir);
+
+  const ModelSpec& spec() const { return spec_; }
+  const WeightStore& store() const { return store_; }
+  const std::string& dir() const { return store_.dir(); }
+
+  TensorView embed;       // [vocab, hidden]
+  TensorView final_norm;  // [hidden]
+  TensorView lm_head;     // [vocab, hidden] (the embedding when tied)
+  std::vector<LayerWeights> layers;
+
+ private:
+  ModelSpec spec_;
+  WeightStore store_;
+  // Copies made at load only when a checkpoint stores a fused expert tensor transposed.
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  friend class WeightResolver;
+};
+
+}  // namespace spill
