@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   spill::cli::add_info_command(app);
 
   spill::cli::add_logits_command(app);
+  spill::cli::add_generate_command(app);
   // run-batch and serve register here once they land
 
   try {

@@ -1,5 +1,7 @@
 #include "formats/model_spec.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -100,13 +102,11 @@ RopeSpec parse_rope(const json& config, const Fields& f, const std::string& wher
     rope.beta_slow = p.number("beta_slow", 1.0);
     rope.truncate = p.boolean("truncate", true);
     const int64_t max_pos = f.integer("max_position_embeddings");
-    rope.original_max_position = max_pos;
-    // As transformers does: when the original length is given, the ratio to the configured
-    // length is the scaling factor (DeepSeek-V3 and Qwen3 checkpoints rely on this).
-    if (p.has("original_max_position_embeddings")) {
-      rope.original_max_position = p.integer("original_max_position_embeddings");
-      rope.factor = double(max_pos) / double(rope.original_max_position);
-    }
+    rope.original_max_position = p.integer("original_max_position_embeddings", max_pos);
+    if (rope.original_max_position <= 0) fail("{}: rope_scaling.original_max_position_embeddings must be positive", where);
+    // As transformers 5 does: without an explicit factor, the ratio of the configured context to
+    // the original one is the scaling factor (DeepSeek-V3 style configs).
+    rope.factor = p.has("factor") ? p.number("factor", 1.0) : double(max_pos) / double(rope.original_max_position);
     auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
     if (p.has("attention_factor")) {
       rope.attention_factor = p.number("attention_factor", 1.0);
@@ -168,6 +168,9 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
     fail("{}: partial_rotary_factor != 1 is not supported", where);
 
   s.layer_is_moe.assign(size_t(s.n_layers), false);
+  // Hub configs say num_experts (Qwen, OLMoE) or num_local_experts (Mixtral); transformers 5 may
+  // write either name for any of them.
+  auto expert_count = [&] { return f.has("num_experts") ? f.integer("num_experts") : f.integer("num_local_experts"); };
   switch (s.arch) {
     case Arch::Llama:
       break;
@@ -176,7 +179,7 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
       break;
     case Arch::Qwen3Moe: {
       s.qk_norm = QkNorm::PerHead;
-      s.n_experts = f.integer("num_experts");
+      s.n_experts = expert_count();
       s.n_experts_per_token = f.integer("num_experts_per_tok");
       s.moe_intermediate_size = f.integer("moe_intermediate_size");
       s.norm_topk_prob = f.boolean("norm_topk_prob", false);
@@ -193,7 +196,7 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
       break;
     }
     case Arch::Mixtral:
-      s.n_experts = f.integer("num_local_experts");
+      s.n_experts = expert_count();
       s.n_experts_per_token = f.integer("num_experts_per_tok");
       s.moe_intermediate_size = s.intermediate_size;
       s.norm_topk_prob = true;
@@ -203,7 +206,7 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
       break;
     case Arch::Olmoe:
       s.qk_norm = QkNorm::WholeProjection;
-      s.n_experts = f.integer("num_experts");
+      s.n_experts = expert_count();
       s.n_experts_per_token = f.integer("num_experts_per_tok");
       s.moe_intermediate_size = s.intermediate_size;
       s.norm_topk_prob = f.boolean("norm_topk_prob", false);

@@ -1,0 +1,255 @@
+// CPU kernels against plain double-precision references, on awkward shapes, and the property
+// the engine relies on: a token's result does not depend on the batch it is computed in.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+
+namespace {
+
+using spill::DType;
+using spill::TensorView;
+
+struct OwnedTensor {
+  std::vector<uint16_t> half;
+  std::vector<float> f32;
+  std::vector<double> exact;  // the values the stored weights represent
+  TensorView view;
+};
+
+OwnedTensor random_tensor(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  OwnedTensor t;
+  const size_t n = static_cast<size_t>(rows * cols);
+  t.exact.resize(n);
+  if (dtype == DType::F32) {
+    t.f32.resize(n);
+    for (size_t i = 0; i < n; ++i) t.exact[i] = t.f32[i] = dist(rng);
+    t.view.data = t.f32.data();
+  } else {
+    t.half.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = dist(rng);
+      t.half[i] = dtype == DType::BF16 ? spill::f32_to_bf16(v) : spill::f32_to_f16(v);
+      t.exact[i] = dtype == DType::BF16 ? spill::bf16_to_f32(t.half[i]) : spill::f16_to_f32(t.half[i]);
+    }
+    t.view.data = t.half.data();
+  }
+  t.view.dtype = dtype;
+  t.view.ndim = 2;
+  t.view.shape = {rows, cols, 0, 0};
+  return t;
+}
+
+std::vector<float> random_vector(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+class MatmulTest : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, int64_t>> {};
+
+// fp32 accumulation of K products: relative error ~ K * 2^-24 in the worst case; 1e-5 of the
+// row's magnitude scale holds for these K with a wide margin and catches any wrong index.
+TEST_P(MatmulTest, MatchesDoubleReference) {
+  auto [dtype, n, M, K] = GetParam();
+  std::mt19937 rng(uint32_t(n * 131 + M * 7 + K));
+  OwnedTensor w = random_tensor(dtype, M, K, rng);
+  std::vector<float> x = random_vector(static_cast<size_t>(n * K), rng);
+  std::vector<float> y(static_cast<size_t>(n * M), NAN);
+  spill::ThreadPool pool(3);
+  spill::cpu::matmul(pool, x.data(), n, w.view, y.data());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t m = 0; m < M; ++m) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        ref += double(x[size_t(t * K + k)]) * w.exact[size_t(m * K + k)];
+        mag += std::abs(double(x[size_t(t * K + k)]) * w.exact[size_t(m * K + k)]);
+      }
+      ASSERT_NEAR(y[size_t(t * M + m)], ref, 1e-5 * mag + 1e-30) << "t=" << t << " m=" << m;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16, DType::F16),
+                                            ::testing::Values(int64_t(1), int64_t(3), int64_t(19)),
+                                            ::testing::Values(int64_t(1), int64_t(37)),
+                                            ::testing::Values(int64_t(1), int64_t(31), int64_t(111), int64_t(256))));
+
+TEST(Matmul, TokenResultIndependentOfBatch) {
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    std::mt19937 rng(7);
+    const int64_t M = 45, K = 97, n = 13;
+    OwnedTensor w = random_tensor(dtype, M, K, rng);
+    std::vector<float> x = random_vector(static_cast<size_t>(n * K), rng);
+    std::vector<float> batched(static_cast<size_t>(n * M)), alone(static_cast<size_t>(M));
+    spill::ThreadPool pool(2);
+    spill::cpu::matmul(pool, x.data(), n, w.view, batched.data());
+    for (int64_t t = 0; t < n; ++t) {
+      spill::cpu::matmul(pool, x.data() + t * K, 1, w.view, alone.data());
+      for (int64_t m = 0; m < M; ++m) ASSERT_EQ(alone[size_t(m)], batched[size_t(t * M + m)]) << "bitwise, t=" << t;
+    }
+  }
+}
+
+TEST(RmsNorm, MatchesReference) {
+  std::mt19937 rng(3);
+  const int64_t n = 5, dim = 111;
+  OwnedTensor w = random_tensor(DType::BF16, 1, dim, rng);
+  w.view.ndim = 1;
+  w.view.shape = {dim, 0, 0, 0};
+  std::vector<float> x = random_vector(static_cast<size_t>(n * dim), rng), out(static_cast<size_t>(n * dim));
+  spill::cpu::rmsnorm(x.data(), n, dim, w.view, 1e-6, out.data());
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < dim; ++j) ss += double(x[size_t(i * dim + j)]) * x[size_t(i * dim + j)];
+    const double scale = 1 / std::sqrt(ss / dim + 1e-6);
+    for (int64_t j = 0; j < dim; ++j) {
+      const double ref = x[size_t(i * dim + j)] * scale * w.exact[size_t(j)];
+      ASSERT_NEAR(out[size_t(i * dim + j)], ref, 1e-6 * (std::abs(ref) + 1));
+    }
+  }
+}
+
+TEST(Rope, RotatesPairsByPositionTimesFrequency) {
+  spill::RopeSpec spec;
+  spec.theta = 10000;
+  const int64_t D = 10, heads = 3;
+  auto table = spill::cpu::make_rope_table(spec, D);
+  std::mt19937 rng(5);
+  std::vector<float> x = random_vector(static_cast<size_t>(2 * heads * D), rng), y = x;
+  const int32_t positions[] = {0, 37};
+  spill::cpu::apply_rope(table, y.data(), 2, heads, D, positions);
+  for (int t = 0; t < 2; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < D / 2; ++i) {
+        const double freq = std::pow(10000.0, -2.0 * i / D), angle = positions[t] * freq;
+        const float* xi = x.data() + (t * heads + h) * D;
+        const float* yi = y.data() + (t * heads + h) * D;
+        ASSERT_NEAR(yi[i], xi[i] * std::cos(angle) - xi[i + D / 2] * std::sin(angle), 2e-5);
+        ASSERT_NEAR(yi[i + D / 2], xi[i + D / 2] * std::cos(angle) + xi[i] * std::sin(angle), 2e-5);
+      }
+}
+
+// Paged attention against contiguous causal attention in double, with chunks that start
+// mid-sequence (cached prefix) and blocks given out of order.
+TEST(PagedAttention, MatchesContiguousReference) {
+  const int64_t D = 12, n_heads = 6, n_kv = 2, group = n_heads / n_kv;
+  const int32_t block_size = 3;
+  const int32_t total_len = 11, cached = 4;  // positions 0..3 written by a first step, 4..10 by a second
+  std::mt19937 rng(11);
+  std::vector<float> q = random_vector(static_cast<size_t>(total_len * n_heads * D), rng);
+  std::vector<float> k = random_vector(static_cast<size_t>(total_len * n_kv * D), rng);
+  std::vector<float> v = random_vector(static_cast<size_t>(total_len * n_kv * D), rng);
+  const int32_t n_blocks = 8;
+  std::vector<float> kc(static_cast<size_t>(n_blocks * block_size * n_kv * D), NAN), vc = kc;
+  spill::cpu::PagedKv kv{kc.data(), vc.data(), block_size, n_kv, D};
+  const std::vector<int32_t> table = {6, 2, 7, 0};  // covers 12 positions
+  spill::ThreadPool pool(2);
+  std::vector<float> out(static_cast<size_t>(total_len * n_heads * D), NAN);
+  // Step 1: prefill the first 4 positions; step 2: the remaining 7, attending to the cached ones.
+  spill::cpu::AttentionChunk first{0, cached, 0, table};
+  spill::cpu::paged_attention(pool, kv, {&first, 1}, q.data(), k.data(), v.data(), n_heads, out.data());
+  spill::cpu::AttentionChunk second{0, total_len - cached, cached, table};
+  spill::cpu::paged_attention(pool, kv, {&second, 1}, q.data() + cached * n_heads * D, k.data() + cached * n_kv * D,
+                              v.data() + cached * n_kv * D, n_heads, out.data() + cached * n_heads * D);
+  for (int32_t t = 0; t < total_len; ++t)
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t kvh = h / group;
+      std::vector<double> s(static_cast<size_t>(t + 1));
+      double mx = -1e300, den = 0;
+      for (int32_t p = 0; p <= t; ++p) {
+        double d = 0;
+        for (int64_t j = 0; j < D; ++j) d += double(q[size_t((t * n_heads + h) * D + j)]) * k[size_t((p * n_kv + kvh) * D + j)];
+        s[size_t(p)] = d / std::sqrt(double(D));
+        mx = std::max(mx, s[size_t(p)]);
+      }
+      for (double& e : s) den += e = std::exp(e - mx);
+      for (int64_t j = 0; j < D; ++j) {
+        double ref = 0;
+        for (int32_t p = 0; p <= t; ++p) ref += s[size_t(p)] / den * v[size_t((p * n_kv + kvh) * D + j)];
+        ASSERT_NEAR(out[size_t((t * n_heads + h) * D + j)], ref, 1e-5) << "t=" << t << " h=" << h;
+      }
+    }
+}
+
+TEST(RouteTopk, SoftmaxTopkRenormalise) {
+  const float logits[] = {0.1f, 2.0f, -1.0f, 1.5f, 0.0f};
+  int32_t ids[3];
+  float w[3];
+  spill::cpu::route_topk(logits, 1, 5, 3, false, ids, w);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 3);
+  EXPECT_EQ(ids[2], 0);
+  double den = 0;
+  for (float l : logits) den += std::exp(double(l));
+  EXPECT_NEAR(w[0], std::exp(2.0) / den, 1e-6);
+  spill::cpu::route_topk(logits, 1, 5, 3, true, ids, w);
+  EXPECT_NEAR(w[0] + w[1] + w[2], 1.0, 1e-6);
+  EXPECT_NEAR(w[0] / w[1], std::exp(0.5), 1e-5);
+  // top-k = number of experts keeps all of them, weights summing to 1 without renormalising.
+  int32_t all_ids[5];
+  float all_w[5];
+  spill::cpu::route_topk(logits, 1, 5, 5, false, all_ids, all_w);
+  EXPECT_NEAR(all_w[0] + all_w[1] + all_w[2] + all_w[3] + all_w[4], 1.0, 1e-6);
+}
+
+// Experts that receive no token, one token, and most tokens; output against a per-token
+// reference in double.
+TEST(MoeExperts, MatchesPerTokenReference) {
+  const int64_t H = 23, I = 9, E = 5, k = 2, n = 7;
+  std::mt19937 rng(13);
+  std::vector<OwnedTensor> gate, up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    gate.push_back(random_tensor(DType::BF16, I, H, rng, 0.3f));
+    up.push_back(random_tensor(DType::BF16, I, H, rng, 0.3f));
+    down.push_back(random_tensor(DType::BF16, H, I, rng, 0.3f));
+  }
+  std::vector<spill::cpu::ExpertView> views;
+  for (int64_t e = 0; e < E; ++e) views.push_back({&gate[size_t(e)].view, &up[size_t(e)].view, &down[size_t(e)].view});
+  // Expert 4 gets nothing; expert 3 gets one token; expert 0 most.
+  const std::vector<int32_t> ids = {0, 1, 0, 2, 1, 0, 0, 3, 2, 0, 0, 1, 1, 2};
+  std::vector<float> weights(static_cast<size_t>(n * k));
+  for (float& w : weights) w = std::uniform_real_distribution<float>(0.1f, 1.0f)(rng);
+  std::vector<float> x = random_vector(static_cast<size_t>(n * H), rng), out(static_cast<size_t>(n * H), NAN);
+  spill::ThreadPool pool(2);
+  spill::cpu::moe_experts(pool, x.data(), n, H, k, ids.data(), weights.data(), views, out.data());
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<double> ref(static_cast<size_t>(H), 0.0);
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t e = ids[size_t(t * k + s)];
+      std::vector<double> act(static_cast<size_t>(I));
+      for (int64_t i = 0; i < I; ++i) {
+        double g = 0, u = 0;
+        for (int64_t j = 0; j < H; ++j) {
+          g += x[size_t(t * H + j)] * gate[size_t(e)].exact[size_t(i * H + j)];
+          u += x[size_t(t * H + j)] * up[size_t(e)].exact[size_t(i * H + j)];
+        }
+        act[size_t(i)] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int64_t j = 0; j < H; ++j) {
+        double d = 0;
+        for (int64_t i = 0; i < I; ++i) d += act[size_t(i)] * down[size_t(e)].exact[size_t(j * I + i)];
+        ref[size_t(j)] += weights[size_t(t * k + s)] * d;
+      }
+    }
+    for (int64_t j = 0; j < H; ++j) ASSERT_NEAR(out[size_t(t * H + j)], ref[size_t(j)], 1e-5 * (std::abs(ref[size_t(j)]) + 1));
+  }
+}
+
+TEST(Dtype, ConversionsRoundTrip) {
+  // Exactly representable values survive both ways.
+  for (float v : {1.0f, -2.5f, 0.09375f, 65504.0f}) EXPECT_EQ(spill::f16_to_f32(spill::f32_to_f16(v)), v);
+  for (float v : {1.0f, -2.5f, 0.09375f, 3.0e38f}) EXPECT_EQ(spill::bf16_to_f32(spill::f32_to_bf16(v)), v);
+  EXPECT_EQ(spill::f32_to_bf16(1.00390625f), 0x3f80);  // halfway: round to even
+  EXPECT_EQ(spill::f32_to_f16(1e6f), 0x7c00);          // overflow -> inf
+  EXPECT_EQ(spill::f16_to_f32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+}
+
+}  // namespace

@@ -1,0 +1,186 @@
+// spill's CPU forward against Hugging Face transformers, on random tiny checkpoints of every
+// architecture and both expert layouts (fixtures made by tools/fixtures/make_parity_fixtures.py),
+// and on the bundled spill-tiny (fixture made by tools/train/train_spill_tiny.py).
+//
+// Tolerances come from the arithmetic: both sides compute in fp32 from the same stored weights,
+// differing only in summation order, so the logits agree to ~1e-6 relative; 1e-4 (relative to the
+// largest reference logit of the row) leaves room for that and catches any real error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "model/model.h"
+#include "model/runner.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const fs::path kParityDir = fs::path(SPILL_TEST_DATA) / "parity";
+const fs::path kSpillTinyFixture = fs::path(SPILL_TEST_DATA) / "spill-tiny" / "expected.json";
+
+std::vector<std::string> parity_cases() {
+  std::vector<std::string> names;
+  if (fs::is_directory(kParityDir))
+    for (const auto& entry : fs::directory_iterator(kParityDir))
+      if (fs::exists(entry.path() / "expected.json")) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+struct RouterRecorder : spill::ForwardObserver {
+  std::map<int, std::vector<std::vector<int32_t>>> topk;  // layer -> token -> ids
+  void on_router(int layer, int64_t n, int64_t k, const int32_t* ids, const float*) override {
+    auto& rows = topk[layer];
+    for (int64_t t = 0; t < n; ++t) rows.emplace_back(ids + t * k, ids + (t + 1) * k);
+  }
+};
+
+// Runs a whole sequence through a fresh runner, one chunk, logits for every position.
+std::vector<float> all_logits(spill::ModelRunner& runner, const std::vector<int32_t>& ids,
+                              spill::ForwardObserver* observer = nullptr) {
+  const int32_t bs = runner.kv_config().block_size;
+  std::vector<int32_t> table(static_cast<size_t>((int64_t(ids.size()) + bs - 1) / bs));
+  std::iota(table.begin(), table.end(), 0);
+  spill::ForwardBatch batch;
+  batch.tokens = ids;
+  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .block_table = table});
+  batch.all_logits = true;
+  std::vector<float> logits;
+  runner.forward(batch, logits, observer);
+  return logits;
+}
+
+int32_t argmax(const float* row, int64_t n) {
+  return int32_t(std::max_element(row, row + n) - row);  // first maximum, as torch.argmax
+}
+
+// Greedy decoding through the KV cache: prefill the prompt, then one token per step.
+std::vector<int32_t> greedy(spill::ModelRunner& runner, const std::vector<int32_t>& prompt, int n_new) {
+  const int32_t bs = runner.kv_config().block_size;
+  const int64_t vocab = runner.spec().vocab_size;
+  std::vector<int32_t> table(static_cast<size_t>((int64_t(prompt.size()) + n_new + bs - 1) / bs));
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<int32_t> out;
+  spill::ForwardBatch batch;
+  batch.tokens = prompt;
+  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(prompt.size()), .start_pos = 0, .block_table = table,
+                        .want_logits = true});
+  std::vector<float> logits;
+  int32_t pos = int32_t(prompt.size());
+  for (int i = 0; i < n_new; ++i) {
+    runner.forward(batch, logits);
+    const int32_t next = argmax(logits.data(), vocab);
+    out.push_back(next);
+    batch.tokens = {next};
+    batch.seqs[0].n_tokens = 1;
+    batch.seqs[0].start_pos = pos++;
+  }
+  return out;
+}
+
+// max |a - b| / max |b| over one row.
+double row_relative_error(const float* got, const std::vector<float>& want) {
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    max_err = std::max(max_err, std::abs(double(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::abs(double(want[i])));
+  }
+  return max_err / max_ref;
+}
+
+void check_against_fixture(const fs::path& model_dir, const json& expected, double tolerance) {
+  auto model = spill::Model::load(model_dir.string());
+  const int64_t vocab = model->spec().vocab_size;
+  const auto ids = expected["input_ids"].get<std::vector<int32_t>>();
+  // Block size 5 puts block boundaries inside the sequence, so paging is exercised.
+  auto runner = spill::make_cpu_runner(*model, {.block_size = 5, .n_blocks = 64});
+  RouterRecorder router;
+  const std::vector<float> logits = all_logits(*runner, ids, &router);
+
+  std::vector<int64_t> positions;
+  if (expected.contains("logits_positions")) {
+    positions = expected["logits_positions"].get<std::vector<int64_t>>();
+  } else {
+    positions.resize(ids.size());
+    std::iota(positions.begin(), positions.end(), 0);
+  }
+  ASSERT_EQ(expected["logits"].size(), positions.size());
+  double worst = 0;
+  for (size_t r = 0; r < positions.size(); ++r) {
+    const auto want = expected["logits"][r].get<std::vector<float>>();
+    ASSERT_EQ(int64_t(want.size()), vocab);
+    const double err = row_relative_error(logits.data() + positions[r] * vocab, want);
+    worst = std::max(worst, err);
+    EXPECT_LE(err, tolerance) << "position " << positions[r];
+  }
+  ::testing::Test::RecordProperty("max_relative_error", std::to_string(worst));
+  std::printf("    logits max relative error %.3g (limit %.0e)\n", worst, tolerance);
+
+  if (expected.contains("router_topk")) {
+    const json& layers = expected["router_topk"];
+    ASSERT_EQ(int64_t(layers.size()), model->spec().n_layers);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const auto want = layers[l].get<std::vector<std::vector<int32_t>>>();
+      if (want.empty()) {
+        EXPECT_FALSE(model->spec().layer_is_moe[l]) << "layer " << l;
+        continue;
+      }
+      ASSERT_TRUE(router.topk.count(int(l))) << "layer " << l << " routed no tokens";
+      EXPECT_EQ(router.topk[int(l)], want) << "expert ids differ at layer " << l;
+    }
+  }
+
+  const auto prompt = expected["greedy_prompt"].get<std::vector<int32_t>>();
+  const auto want_tokens = expected["greedy_tokens"].get<std::vector<int32_t>>();
+  auto decode_runner = spill::make_cpu_runner(*model, {.block_size = 4, .n_blocks = 64});
+  EXPECT_EQ(greedy(*decode_runner, prompt, int(want_tokens.size())), want_tokens);
+}
+
+class Parity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Parity, MatchesTransformers) {
+  const fs::path dir = kParityDir / GetParam();
+  check_against_fixture(dir, read_json(dir / "expected.json"), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(parity_cases()),
+                         [](const auto& info) { return info.param; });
+
+TEST(ParityFixtures, Present) {
+  // Without fixtures the parameterised test above would silently run nothing.
+  const auto cases = parity_cases();
+  ASSERT_FALSE(cases.empty()) << kParityDir << " has no fixtures: run tools/fixtures/make_parity_fixtures.py "
+                              << "(needs torch + transformers; see tools/README.md)";
+  for (const char* arch : {"qwen3_moe", "mixtral", "olmoe", "qwen3", "llama"}) {
+    bool found = false;
+    for (const auto& c : cases) found |= c.rfind(arch, 0) == 0;
+    EXPECT_TRUE(found) << "no parity fixture for " << arch;
+  }
+  for (const char* layout : {"per_expert", "fused"}) {
+    bool found = false;
+    for (const auto& c : cases) found |= c.find(layout) != std::string::npos;
+    EXPECT_TRUE(found) << "no parity fixture with the " << layout << " expert layout";
+  }
+}
+
+// spill-tiny is stored in bf16 and both sides compute in fp32: same tolerance reasoning, but
+// 8k-wide rows over a deeper model accumulate more rounding-order differences, so 1e-3.
+TEST(SpillTinyParity, MatchesTransformers) {
+  ASSERT_TRUE(fs::exists(kSpillTinyFixture)) << kSpillTinyFixture << " is missing: run tools/train/train_spill_tiny.py";
+  check_against_fixture(fs::path(SPILL_SOURCE_DIR) / "models/spill-tiny", read_json(kSpillTinyFixture), 1e-3);
+}
+
+}  // namespace
