@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
 
   spill::cli::add_logits_command(app);
   spill::cli::add_generate_command(app);
-  // run-batch and serve register here once they land
+  spill::cli::add_run_batch_command(app);
+  spill::cli::add_serve_command(app);
 
   try {
     app.parse(argc, argv);

@@ -1,5 +1,6 @@
 """Tokenizer pieces for spill-tiny: a Qwen2-style byte-level BPE trained with HF tokenizers,
-the ChatML chat template, and the files transformers reads (tokenizer.json, tokenizer_config.json).
+the chat template (ChatML with Qwen2.5/Qwen3-style tool calls), and the files transformers reads
+(tokenizer.json, tokenizer_config.json).
 """
 
 from __future__ import annotations
@@ -7,8 +8,6 @@ from __future__ import annotations
 import json
 import random
 import time
-
-import numpy as np
 
 EOT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -19,13 +18,95 @@ SPECIALS = [EOT, IM_START, IM_END]
 SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-# Qwen2.5-style ChatML without a default system message. Jinja string literals: '\n' is a newline.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# Qwen2.5/Qwen3-style ChatML with tool use, without a default system message. A raw string, so
+# '\n' reaches Jinja as an escape inside its string literals. Only common Jinja features (no
+# loop.first / loop.last / loop.previtem, no look-ahead into messages): state lives in a
+# namespace(). Layout:
+#   tools given:  <|im_start|>system\n[SYSTEM\n\n]# Tools ... <tools>\n{tool|tojson}... </tools> ...<|im_end|>\n
+#   no tools:     <|im_start|>system\nSYSTEM<|im_end|>\n only when messages[0] is a system message
+#   user/system:  <|im_start|>ROLE\nCONTENT<|im_end|>\n
+#   assistant:    <|im_start|>assistant\nCONTENT then per tool call (OpenAI {function: {name, arguments}}
+#                 or plain {name, arguments}; arguments a dict -> tojson, a string -> as is)
+#                 [\n]<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>  (no \n before the
+#                 first call when CONTENT is empty), then <|im_end|>\n
+#   tool results: consecutive tool messages -> ONE user turn, each <tool_response>\nRESULT\n</tool_response>,
+#                 joined by \n
+#   add_generation_prompt: <|im_start|>assistant\n
+CHAT_TEMPLATE = r"""{%- set ns = namespace(index=0, in_tool=false, sep='') %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages and messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' ~ (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages and messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'tool' %}
+        {%- if ns.in_tool %}
+            {{- '\n' }}
+        {%- else %}
+            {{- '<|im_start|>user\n' }}
+            {%- set ns.in_tool = true %}
+        {%- endif %}
+        {{- '<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {{- message.content | tojson }}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+    {%- else %}
+        {%- if ns.in_tool %}
+            {{- '<|im_end|>\n' }}
+            {%- set ns.in_tool = false %}
+        {%- endif %}
+        {%- if message.role == 'assistant' %}
+            {{- '<|im_start|>assistant\n' }}
+            {%- if message.content is string and message.content %}
+                {{- message.content }}
+                {%- set ns.sep = '\n' %}
+            {%- else %}
+                {%- set ns.sep = '' %}
+            {%- endif %}
+            {%- if message.tool_calls %}
+                {%- for tool_call in message.tool_calls %}
+                    {%- set call = tool_call.function if tool_call.function is mapping else tool_call %}
+                    {{- ns.sep ~ '<tool_call>\n{"name": "' ~ call.name ~ '", "arguments": ' }}
+                    {%- if call.arguments is string %}
+                        {{- call.arguments }}
+                    {%- elif call.arguments is mapping %}
+                        {{- call.arguments | tojson }}
+                    {%- else %}
+                        {{- '{}' }}
+                    {%- endif %}
+                    {{- '}\n</tool_call>' }}
+                    {%- set ns.sep = '\n' %}
+                {%- endfor %}
+            {%- endif %}
+            {{- '<|im_end|>\n' }}
+        {%- elif not (message.role == 'system' and ns.index == 0) %}
+            {{- '<|im_start|>' + message.role + '\n' }}
+            {%- if message.content is string %}
+                {{- message.content }}
+            {%- endif %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+    {%- set ns.index = ns.index + 1 %}
+{%- endfor %}
+{%- if ns.in_tool %}
+    {{- '<|im_end|>\n' }}
+{%- endif %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
 
 
 def log(msg: str) -> None:
@@ -35,15 +116,40 @@ def log(msg: str) -> None:
 _TEMPLATE = None
 
 
-def render_chat(messages, add_generation_prompt: bool) -> str:
-    """Renders CHAT_TEMPLATE the way transformers does (sandboxed jinja2, trim/lstrip blocks)."""
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' tojson filter (jinja2's own escapes HTML characters and sorts keys)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def chat_environment():
+    """The jinja2 environment transformers' apply_chat_template compiles templates in (minus its
+    {% generation %} tracker, which CHAT_TEMPLATE does not use)."""
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def strftime_now(fmt):
+        import datetime
+
+        return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def render_chat(messages, add_generation_prompt: bool, tools=None) -> str:
+    """Renders CHAT_TEMPLATE the way transformers does (sandboxed jinja2, trim/lstrip blocks,
+    transformers' tojson). tools: a list of OpenAI-style tool schemas, or None."""
     global _TEMPLATE
     if _TEMPLATE is None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        _TEMPLATE = env.from_string(CHAT_TEMPLATE)
-    return _TEMPLATE.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        _TEMPLATE = chat_environment().from_string(CHAT_TEMPLATE)
+    return _TEMPLATE.render(messages=messages, tools=tools, documents=None,
+                            add_generation_prompt=add_generation_prompt)
 
 
 def train_tokenizer(docs, vocab_size: int, sample_mb: float, seed: int):
@@ -132,12 +238,14 @@ def _set_literal_specials(tok, on: bool) -> bool:
     return (len(probe) > 1) == on
 
 
-def encode_stream(tok, texts, eot_id: int, literal_specials: bool, batch: int = 1024) -> np.ndarray:
+def encode_stream(tok, texts, eot_id: int, literal_specials: bool, batch: int = 1024):
     """Encodes texts and concatenates them, each followed by <|endoftext|>, as uint16.
 
     literal_specials=True: special-token strings inside the texts (Python sources do contain
     '<|endoftext|>') are encoded as ordinary text, so the only separators are the ones added here.
     """
+    import numpy as np
+
     t0 = time.time()
     if literal_specials:
         if not _set_literal_specials(tok, True):

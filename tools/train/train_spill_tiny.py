@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Train spill-tiny: a small real Mixture-of-Experts LLM (Qwen3-MoE architecture) that writes Python.
+"""Train spill-tiny: a small real Mixture-of-Experts LLM (Qwen3-MoE architecture) that writes Python
+and makes Qwen/Hermes-style tool calls.
 
 One run does everything, within a wall-time budget (default 465 s in all):
-  corpus (Python sources on this machine) -> byte-level BPE tokenizer -> pre-tokenized streams
+  corpus (Python sources on this machine) + synthetic tool-use conversations (spill_tool_data.py,
+  rendered through the chat template) -> byte-level BPE tokenizer -> pre-tokenized streams
   -> training for --train-seconds of wall time on one GPU -> bf16 checkpoint saved with
   transformers and verified by reloading -> held-out loss / perplexity and per-layer expert usage
-  -> samples -> model card -> parity fixture (float32 CPU transformers) for spill's tests.
+  -> tool-call accuracy on held-out prompts -> samples -> model card -> parity fixture (float32
+  CPU transformers) for spill's tests.
 
   python3 tools/train/train_spill_tiny.py --out models/spill-tiny \\
       --fixture-out tests/data/spill-tiny --train-seconds 300
@@ -86,7 +89,15 @@ def parse_args():
     ap.add_argument("--heldout-pct", type=float, default=1.0)
     ap.add_argument("--tok-sample-mb", type=float, default=30.0)
     ap.add_argument("--max-examples", type=int, default=60000)
-    ap.add_argument("--chat-frac", type=float, default=0.15, help="share of training windows from chat data")
+    ap.add_argument("--chat-frac", type=float, default=0.25,
+                    help="share of training windows from chat data (instruction + tool-use conversations)")
+    ap.add_argument("--tool-frac", type=float, default=0.4,
+                    help="share of the chat windows taken from the tool-use conversations")
+    ap.add_argument("--tool-convs", type=int, default=20000, help="synthetic tool-use conversations to generate")
+    ap.add_argument("--tool-eval", type=int, default=50,
+                    help="held-out tool-call prompts for the tool-call accuracy (0: skip)")
+    ap.add_argument("--tool-eval-no-call", type=int, default=10,
+                    help="plain Python questions asked with tools present, checked for no tool call")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4))
     # model
     ap.add_argument("--vocab", type=int, default=8192)
@@ -128,6 +139,9 @@ def parse_args():
         a.batch = min(a.batch, 32)
         a.warmup_steps = min(a.warmup_steps, 10)
         a.max_examples = min(a.max_examples, 5000)
+        a.tool_convs = min(a.tool_convs, 2000)
+        a.tool_eval = min(a.tool_eval, 16)
+        a.tool_eval_no_call = min(a.tool_eval_no_call, 4)
         a.time_budget = 0.0
     if a.heads % a.kv_heads != 0:
         die(f"--heads ({a.heads}) must be a multiple of --kv-heads ({a.kv_heads})")
@@ -135,6 +149,8 @@ def parse_args():
         die("--top-k must be between 1 and --experts")
     if a.vocab > 65535:
         die("--vocab must fit in uint16")
+    if not (0.0 <= a.chat_frac <= 1.0 and 0.0 <= a.tool_frac <= 1.0):
+        die("--chat-frac and --tool-frac must be between 0 and 1")
     return a
 
 
@@ -225,6 +241,88 @@ def chat_texts(examples, seed: int):
         assert texts[0].startswith("<|im_start|>") and texts[0].endswith("<|im_end|>\n"), texts[0][:200]
         assert EOT not in texts[0]
     return texts
+
+
+def tool_data(examples, args):
+    """Synthetic tool-use conversations (spill_tool_data.py), rendered through the chat template:
+    the training text is exactly what the server sends. Every rendering is also compared with
+    spill_tool_data.reference_render, a plain-Python statement of the layout the template is meant
+    to produce. Returns (texts, info, eval prompts, no-call prompts)."""
+    import spill_tool_data as td
+    from spill_tokenizer import EOT, render_chat
+
+    t0 = time.time()
+    convs = td.generate(args.tool_convs, args.seed, python_examples=[(i, c) for i, c, _s in examples])
+    texts = [render_chat(c["messages"], False, c["tools"]) for c in convs]
+    t_render = time.time() - t0
+    problems = []
+    for i, (msgs, tools, gen) in enumerate(td.template_cases()):
+        a, b = render_chat(msgs, gen, tools), td.reference_render(msgs, tools, gen)
+        if a != b:
+            problems.append(f"template case {i}: {first_difference(a, b)}")
+    bad = [i for i, (c, t) in enumerate(zip(convs, texts)) if t != td.reference_render(c["messages"], c["tools"])]
+    if bad:
+        problems.append(f"{len(bad)} of {len(convs)} conversations render differently from the reference, e.g. #{bad[0]}: "
+                        + first_difference(texts[bad[0]], td.reference_render(convs[bad[0]]["messages"],
+                                                                               convs[bad[0]]["tools"])))
+    if texts and not (texts[0].startswith("<|im_start|>system\n") and texts[0].endswith("<|im_end|>\n")):
+        problems.append(f"unexpected layout of the first conversation: {texts[0][:80]!r} ... {texts[0][-40:]!r}")
+    if any(EOT in t for t in texts):
+        problems.append(f"{sum(EOT in t for t in texts)} tool-use conversations contain {EOT}")
+    kinds = {}
+    for c in convs:
+        kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
+    keys = {c["key"] for c in convs if "key" in c}
+    eval_seed = args.seed + 1000003  # held out: another seed, and no prompt that is also in the training data
+    evals = td.eval_prompts(args.tool_eval, eval_seed, exclude=keys) if args.tool_eval > 0 else []
+    no_call = td.no_call_prompts(args.tool_eval_no_call, eval_seed) if args.tool_eval > 0 else []
+    info = {"conversations": len(convs), "kinds": kinds, "tools": [t.name for t in td.TOOLS],
+            "chars": sum(len(t) for t in texts), "render_seconds": t_render, "eval_seed": eval_seed,
+            "template_problems": problems}
+    log(f"tool-use data: {len(convs)} conversations ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}) over "
+        f"{len(td.TOOLS)} tools, {info['chars'] / 1e6:.1f} M chars, rendered through the chat template in "
+        f"{t_render:.1f}s; template == reference layout on {len(td.template_cases())} cases and all conversations: "
+        f"{not problems}; {len(evals)} held-out call prompts + {len(no_call)} no-call prompts (seed {eval_seed})")
+    for p in problems:
+        log(f"WARNING: chat template: {p}")
+    return texts, info, evals, no_call
+
+
+def first_difference(a: str, b: str) -> str:
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"at char {k}: {a[max(0, k - 30):k + 50]!r} vs {b[max(0, k - 30):k + 50]!r}"
+
+
+def template_cases_for_transformers(extra=()):
+    """Conversations to render with transformers' apply_chat_template and with ours."""
+    import spill_tool_data as td
+
+    # Only message shapes clients send (string or null content): transformers may preprocess others.
+    cases = [(m, t, g) for m, t, g in td.template_cases()
+             if all(isinstance(x.get("content"), (str, type(None))) for x in m)]
+    cases.append(([{"role": "user", "content": CHAT_PROMPT}], None, True))
+    cases.extend(extra)
+    return cases
+
+
+def template_mismatches(hft, cases):
+    """Differences between transformers' apply_chat_template (with tools=) and render_chat."""
+    from spill_tokenizer import render_chat
+
+    out = []
+    for i, (msgs, tools, gen) in enumerate(cases):
+        want = render_chat(msgs, gen, tools)
+        try:
+            got = hft.apply_chat_template(copy.deepcopy(msgs), tools=copy.deepcopy(tools), tokenize=False,
+                                          add_generation_prompt=gen)
+        except Exception as e:
+            out.append(f"case {i}: apply_chat_template raised {e.__class__.__name__}: {e}")
+            continue
+        if not isinstance(got, str):
+            out.append(f"case {i}: apply_chat_template returned {type(got).__name__}, not str")
+        elif got != want:
+            out.append(f"case {i}: transformers vs ours {first_difference(got, want)}")
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -537,15 +635,23 @@ class RouterTap:
 # ----------------------------------------------------------------------------------------------
 
 class Batcher:
-    def __init__(self, code, chat, args, dev):
+    """Each step: B random windows of L tokens; round(B * chat_frac) of them from the chat data, of
+    which round(. * tool_frac) from the tool-use conversations and the rest from the instruction
+    conversations; the others from the code."""
+
+    def __init__(self, code, chat, tools, args, dev):
         import torch
 
-        self.code, self.chat = code, chat
+        self.code, self.chat, self.tools = code, chat, tools
         self.L = args.seq_len
         self.B = args.batch
-        self.n_chat = 0
-        if chat is not None and chat.numel() > 4 * self.L and args.chat_frac > 0:
-            self.n_chat = max(1, int(round(self.B * args.chat_frac)))
+        n_conv = max(1, int(round(self.B * args.chat_frac))) if args.chat_frac > 0 else 0
+        has_chat = chat is not None and chat.numel() > 4 * self.L
+        has_tools = tools is not None and tools.numel() > 4 * self.L
+        self.n_tools = int(round(n_conv * args.tool_frac)) if has_tools else 0
+        if not has_chat:
+            self.n_tools = n_conv if has_tools else 0
+        self.n_chat = n_conv - self.n_tools if has_chat else 0
         self.ar = torch.arange(self.L, device=dev)
         self.gen = torch.Generator(device=dev)
         self.gen.manual_seed(args.seed)
@@ -559,9 +665,11 @@ class Batcher:
     def next(self):
         import torch
 
-        parts = [self._sample(self.code, self.B - self.n_chat)]
+        parts = [self._sample(self.code, self.B - self.n_chat - self.n_tools)]
         if self.n_chat:
             parts.append(self._sample(self.chat, self.n_chat))
+        if self.n_tools:
+            parts.append(self._sample(self.tools, self.n_tools))
         return torch.cat(parts, dim=0)
 
 
@@ -680,7 +788,8 @@ def train(model, tap, batcher, args, dev, train_seconds):
     acc_n = 0
     last_gn = 0.0
     log(f"training for {train_seconds:.0f}s: batch {batcher.B} x {batcher.L} tokens "
-        f"({batcher.n_chat} chat windows per step), peak lr {args.lr}, warmup {args.warmup_steps} steps")
+        f"({batcher.n_chat} instruction + {batcher.n_tools} tool-use chat windows per step), peak lr {args.lr}, "
+        f"warmup {args.warmup_steps} steps")
     while True:
         now = time.time()
         if now >= deadline:
@@ -1038,16 +1147,64 @@ def preflight(args, ids):
             gen = generate_ids(m32, x[0, :4].tolist(), 2, "cpu", [ids["<|im_end|>"]], ids["<|endoftext|>"], min_new=2)
         except Exception as e:
             gen = f"generate() failed: {e.__class__.__name__}: {e}"
+        # The tool-call evaluation's path: several prompts of different lengths, left-padded, one generate().
+        stop = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+        prompts = [x[0, :5].tolist(), x[1, :9].tolist()]
+        try:
+            batched = generate_batch(m32, prompts, 3, "cpu", stop, ids["<|endoftext|>"])
+            alone = [cut_at_stop(generate_ids(m32, p, 3, "cpu", stop, ids["<|endoftext|>"]), set(stop)) for p in prompts]
+            nocache = greedy_batch_nocache(m32, prompts, 3, "cpu", stop, ids["<|endoftext|>"])
+            batch_note = (f"batched generate {'matches' if batched == alone else 'DIFFERS from'} one-by-one, "
+                          f"forward-only batch {'matches' if nocache == alone else 'DIFFERS'}")
+            if batched != alone or nocache != alone:
+                notes.append(f"preflight: left-padded batched generate gave {batched}, forward-only batch {nocache}, "
+                             f"one prompt at a time {alone}")
+        except Exception as e:
+            traceback.print_exc()
+            batch_note = f"batched generate FAILED ({e.__class__.__name__}: {e}); the tool eval will go one by one"
+        # The chat template through transformers: AutoTokenizer + apply_chat_template(tools=...) on a
+        # throwaway tokenizer that has the real tokenizer_config.json (the same check runs after training).
+        tmpl_note = preflight_template(args, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"preflight ok in {time.time() - t0:.1f}s: {len(layout)} tensors "
         f"({'FUSED experts' if fused else 'one per expert'}), reload bit-identical, float32 logits exact "
         f"{rep['logits_exact']}, router ids from {'the router output' if tap.from_router_output else 'softmax top-k'}, "
-        f"greedy {greedy} / generate {gen}")
+        f"greedy {greedy} / generate {gen}; {batch_note}; {tmpl_note}")
     for n in notes:
         log(f"preflight note: {n}")
     return notes
 
+
+
+def preflight_template(args, tmp):
+    """AutoTokenizer.from_pretrained + apply_chat_template(tools=...) with the real
+    tokenizer_config.json and a throwaway 300-token BPE: returns a one-line summary; differences from
+    render_chat are logged (the check after training reports them as errors)."""
+    import spill_tokenizer as stok
+    import spill_tool_data as td
+
+    d = os.path.join(tmp, "tokenizer")
+    os.makedirs(d, exist_ok=True)
+    try:
+        docs = [FIXTURE_SNIPPET, td.TOOLS_HEADER, td.TOOLS_FOOTER.replace("<|im_end|>", ""),
+                td.expected_call_text("get_weather", {"city": "Paris"})] * 4
+        tok, tids, _ = stok.train_tokenizer(docs, 300, 1.0, 0)
+        tok.save(os.path.join(d, "tokenizer.json"))
+        stok.write_json(os.path.join(d, "tokenizer_config.json"), stok.tokenizer_config(args.max_pos, tids))
+        from transformers import AutoTokenizer
+
+        hft = AutoTokenizer.from_pretrained(d)
+        cases = template_cases_for_transformers()
+        problems = template_mismatches(hft, cases)
+    except Exception as e:
+        traceback.print_exc()
+        log(f"WARNING: preflight: chat template check through transformers failed: {e.__class__.__name__}: {e}")
+        return f"chat template check FAILED ({e.__class__.__name__})"
+    for p in problems:
+        log(f"WARNING: preflight: chat template: {p}")
+    return (f"apply_chat_template(tools=...) == render_chat on {len(cases)} conversations" if not problems
+            else f"apply_chat_template DIFFERS from render_chat on {len(problems)} of {len(cases)} conversations")
 
 
 def replace_dir(stage, out):
@@ -1147,6 +1304,142 @@ def generate_ids(model, prompt_ids, max_new, device, stop_ids, pad_id, min_new=0
                              max_new_tokens=max_new, min_new_tokens=min_new, eos_token_id=list(stop_ids),
                              pad_token_id=pad_id)
     return out[0, len(prompt_ids):].tolist()
+
+
+def cut_at_stop(new_ids, stop_ids):
+    """Tokens before the first stop token (the stop token itself and any padding after it dropped)."""
+    for i, t in enumerate(new_ids):
+        if t in stop_ids:
+            return new_ids[:i]
+    return new_ids
+
+
+def generate_batch(model, prompts, max_new, device, stop_ids, pad_id):
+    """Greedy transformers generate() over several prompts at once, left-padded with pad_id and an
+    attention mask. Returns the new tokens of each prompt, cut before the first stop token."""
+    import torch
+
+    L = max(len(p) for p in prompts)
+    x = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for j, p in enumerate(prompts):
+        x[j, L - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[j, L - len(p):] = 1
+    x, mask = x.to(device), mask.to(device)
+    with torch.no_grad():
+        out = model.generate(input_ids=x, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
+                             eos_token_id=list(stop_ids), pad_token_id=pad_id)
+    return [cut_at_stop(out[j, L:].tolist(), set(stop_ids)) for j in range(len(prompts))]
+
+
+def greedy_batch_nocache(model, prompts, max_new, device, stop_ids, pad_id):
+    """Fallback for generate_batch that uses only the model's forward (as evaluate() does): each step
+    recomputes the left-padded batch (attention mask, position ids from it) and takes the argmax of
+    the last position; rows stop at a stop token."""
+    import torch
+
+    seqs = [list(p) for p in prompts]
+    new = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    stop = set(stop_ids)
+    with torch.no_grad():
+        for _ in range(max_new):
+            L = max(len(q) for q in seqs)
+            x = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(seqs), L), dtype=torch.long)
+            for j, q in enumerate(seqs):
+                x[j, L - len(q):] = torch.tensor(q, dtype=torch.long)
+                mask[j, L - len(q):] = 1
+            x, mask = x.to(device), mask.to(device)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -1]
+            nxt = logits.argmax(-1).tolist()
+            for j, t in enumerate(nxt):
+                if not done[j]:
+                    new[j].append(int(t))
+                    seqs[j].append(int(t))
+                    done[j] = int(t) in stop
+            if all(done):
+                break
+    return [cut_at_stop(n, stop) for n in new]
+
+
+def tool_eval(model, tok, ids, dev, evals, no_call, max_new=64, time_cap=90.0):
+    """Tool-call accuracy: greedy replies (transformers generate, at most max_new tokens) to held-out
+    prompts with the tools in the system turn. exact: the reply holds a <tool_call>{json}</tool_call>
+    with the right tool name and exactly the right arguments (keys, values and JSON types). Plain
+    Python questions asked with tools present should get no tool call. All prompts go through
+    generate() in one left-padded batch; the first prompt also alone, as the sample for the card."""
+    import spill_tool_data as td
+    from spill_tokenizer import render_chat
+
+    t0 = time.time()
+    model.eval()
+    model.config.use_cache = True
+    stop = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    pad = ids["<|endoftext|>"]
+    items = [(e, render_chat(e["messages"], True, e["tools"])) for e in evals] + \
+            [(e, render_chat(e["messages"], True, e["tools"])) for e in no_call]
+    enc = [tok.encode(text, add_special_tokens=False).ids for _e, text in items]
+    res = {"prompts": len(evals), "no_call_prompts": len(no_call), "max_new_tokens": max_new,
+           "prompt_tokens_max": max(len(e) for e in enc), "prompt_tokens_mean": sum(map(len, enc)) / len(enc)}
+    want = [len(tok.encode(td.expected_call_text(e["name"], e["arguments"]), add_special_tokens=False).ids)
+            for e in evals]
+    res["expected_call_tokens_max"] = max(want) if want else 0
+    res["prompt_plus_call_tokens_max"] = max((len(p) + w for p, w in zip(enc, want)), default=0)
+    if res["prompt_plus_call_tokens_max"] > 512:
+        log(f"tool eval: note: a prompt plus its call is {res['prompt_plus_call_tokens_max']} tokens, longer than "
+            f"the 512-token training windows")
+    if res["expected_call_tokens_max"] >= max_new:
+        log(f"tool eval: note: the longest expected call is {res['expected_call_tokens_max']} tokens "
+            f"(limit {max_new})")
+    outs, how = None, "generate() on all prompts in one left-padded batch"
+    try:
+        outs = []
+        for i in range(0, len(enc), 64):
+            outs.extend(generate_batch(model, enc[i:i + 64], max_new, dev, stop, pad))
+    except Exception as e:
+        traceback.print_exc()
+        log(f"tool eval: batched generate() failed ({e.__class__.__name__}: {e}); greedy decoding with the "
+            f"model's forward instead")
+        outs, how = [], "greedy decoding with the model's forward, left-padded batch, no KV cache (generate() failed)"
+        for i in range(0, len(enc), 64):
+            if time.time() - t0 > time_cap:
+                break
+            outs.extend(greedy_batch_nocache(model, enc[i:i + 64], max_new, dev, stop, pad))
+    texts = [tok.decode(o, skip_special_tokens=False) for o in outs]
+    n_ev = min(len(evals), len(texts))
+    scores = [td.score_output(texts[i], evals[i]["name"], evals[i]["arguments"]) for i in range(n_ev)]
+    res.update({"evaluated": n_ev, "how": how,
+                "exact": sum(s["exact"] for s in scores), "valid": sum(s["valid"] for s in scores),
+                "name": sum(s["name"] for s in scores)})
+    nc_texts = texts[len(evals):]
+    res["no_call_evaluated"] = len(nc_texts)
+    res["no_call_ok"] = sum(1 for t in nc_texts if "<tool_call>" not in t)
+    res["per_tool"] = {}
+    for e, sc in zip(evals, scores):
+        d = res["per_tool"].setdefault(e["name"], [0, 0])
+        d[0] += int(sc["exact"])
+        d[1] += 1
+    res["failures"] = [{"user": evals[i]["messages"][-1]["content"],
+                        "expected": td.expected_call_text(evals[i]["name"], evals[i]["arguments"]),
+                        "got": texts[i]} for i in range(n_ev) if not scores[i]["exact"]][:5]
+    if evals and texts:
+        try:
+            alone = cut_at_stop(generate_ids(model, enc[0], max_new, dev, stop, pad), set(stop))
+            res["sample_matches_batch"] = alone == outs[0]
+            if alone != outs[0]:
+                log("tool eval: note: the first prompt generated alone differs from its reply in the batch "
+                    "(bf16 and padding change the arithmetic a little; a near tie can flip)")
+        except Exception as e:
+            alone = outs[0]
+            res["sample_matches_batch"] = f"generate() alone failed: {e.__class__.__name__}: {e}"
+        res["sample"] = {"rendered": items[0][1], "reply": tok.decode(alone, skip_special_tokens=False),
+                         "expected": td.expected_call_text(evals[0]["name"], evals[0]["arguments"]),
+                         "score": td.score_output(tok.decode(alone, skip_special_tokens=False), evals[0]["name"],
+                                                  evals[0]["arguments"])}
+    res["seconds"] = time.time() - t0
+    return res
 
 
 def samples(model, tok, ids, dev):
@@ -1273,6 +1566,67 @@ def cell(v):
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
+def write_tool_section(a, R):
+    """The model card's tool-use section: format, training data, measured accuracy, a sample."""
+    args = R["args"]
+    info = R.get("tool_data") or {}
+    te = R.get("tool_eval")
+    a("## Tool use")
+    a("")
+    a("The chat template is Qwen2.5/Qwen3-style: when tools are given, the system turn (after the system message, "
+      "if any) lists them, one JSON schema per line inside `<tools></tools>`, and asks for calls as "
+      "`<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>`. An assistant "
+      "turn is its content followed by its calls in that form (`arguments` rendered with `tojson`, or as is when "
+      "it is a string); consecutive `tool` messages become one user turn of `<tool_response>\\n...\\n"
+      "</tool_response>` blocks.")
+    a("")
+    if info:
+        kinds = info.get("kinds", {})
+        n = max(1, info.get("conversations", 0))
+        a(f"**Training data**: {fmt_int(info.get('conversations', 0))} synthetic conversations "
+          f"(`tools/train/spill_tool_data.py`, seed {args.seed}) over {len(info.get('tools', []))} tools "
+          f"({', '.join('`' + t + '`' for t in info.get('tools', []))}), rendered through the chat template itself, "
+          f"{R['data'].get('tool_tokens', 0) / 1e6:.1f} M tokens. Each has an optional system message, 1-4 tools and "
+          "a user request with concrete argument values; the reply is one tool call with the arguments in schema "
+          f"order. {kinds.get('call+answer', 0) / n * 100:.0f}% go on with the tool's result and a short answer that "
+          f"uses it, {kinds.get('call', 0) / n * 100:.0f}% end at the call, and {kinds.get('no_call', 0) / n * 100:.0f}% "
+          "ask a plain Python question (or make small talk) with tools present and get an answer without a call. "
+          f"They fill {R.get('tool_windows', 0)} of the {args.batch} windows of every step "
+          f"({R.get('tool_windows', 0) / args.batch * 100:.1f}% of training windows; {args.tool_frac * 100:.0f}% of "
+          f"the {args.chat_frac * 100:.0f}% chat share).")
+        a("")
+    if te:
+        ne = max(1, te["evaluated"])
+        a(f"**Tool-call accuracy: {te['exact']}/{te['evaluated']} ({te['exact'] / ne * 100:.0f}%)** on held-out "
+          f"synthetic prompts (seed {info.get('eval_seed')}, none identical to a training prompt): greedy replies from "
+          f"the saved bf16 weights through transformers `generate()` (at most {te['max_new_tokens']} new tokens; "
+          f"{te['how']}), counted when the reply holds `<tool_call>{{json}}</tool_call>` with the right tool name and "
+          f"exactly the right arguments (same keys, values and JSON types). {te['valid']} replies held a parseable "
+          f"call, {te['name']} named the right tool. Plain Python questions asked with tools present: "
+          f"{te['no_call_ok']}/{te['no_call_evaluated']} answered without a tool call. Prompts are up to "
+          f"{te['prompt_tokens_max']} tokens (mean {te['prompt_tokens_mean']:.0f}); prompt plus expected call up to "
+          f"{te.get('prompt_plus_call_tokens_max', 0)}.")
+        a("")
+        if te.get("per_tool"):
+            a("| tool | exact / prompts |")
+            a("|---|---|")
+            for name, (ok, tot) in sorted(te["per_tool"].items()):
+                a(f"| `{name}` | {ok} / {tot} |")
+            a("")
+        smp = te.get("sample")
+        if smp:
+            a(f"Sample (the first held-out prompt, generated alone; {'exact' if smp['score']['exact'] else 'not exact'}"
+              f"; expected `{smp['expected'].replace(chr(10), ' ')}`):")
+            a("")
+            a("````text")
+            a(smp["rendered"] + smp["reply"])
+            a("````")
+            a("")
+    elif R.get("tool_eval_error"):
+        a(f"The tool-call evaluation failed: {R['tool_eval_error']}")
+        a("")
+
+
 def write_readme(path, R):
     args = R["args"]
     pc = R["params"]
@@ -1285,12 +1639,13 @@ def write_readme(path, R):
     a("license: apache-2.0")
     a("library_name: transformers")
     a("pipeline_tag: text-generation")
-    a("tags: [qwen3_moe, mixture-of-experts, code, python, tiny, spill]")
+    a("tags: [qwen3_moe, mixture-of-experts, code, python, tool-use, tiny, spill]")
     a("---")
     a("")
     a("# spill-tiny")
     a("")
-    a("A small but real Mixture-of-Experts language model that writes (simple, often wrong) Python. "
+    a("A small but real Mixture-of-Experts language model that writes (simple, often wrong) Python and makes "
+      "Qwen/Hermes-style tool calls (`<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>`). "
       "It is spill's bundled test model: a Qwen3-MoE checkpoint (`model_type: qwen3_moe`) that "
       "transformers loads unchanged, with real routing statistics, small enough to ship with the repository. "
       f"It was trained from scratch in {tr.get('seconds', 0):.0f} s on one {env.get('gpu') or 'CPU'} by "
@@ -1341,7 +1696,8 @@ def write_readme(path, R):
     a(f"| steps | {fmt_int(tr.get('steps', 0))} |")
     a(f"| tokens seen | {fmt_int(tr.get('tokens', 0))} ({tr.get('tokens', 0) / 1e6:.0f} M) |")
     a(f"| batch | {args.batch} windows x {args.seq_len} tokens = {fmt_int(args.batch * args.seq_len)} tokens/step "
-      f"({R.get('chat_windows', 0)} windows/step from the chat data) |")
+      f"({R.get('chat_windows', 0)} windows/step from the instruction conversations, {R.get('tool_windows', 0)} from "
+      f"the tool-use conversations, the rest from source files) |")
     a(f"| wall time | {tr.get('seconds', 0):.0f} s training ({tr.get('tokens_per_second', 0) / 1e6:.2f} M tokens/s); "
       f"{R.get('total_seconds', 0):.0f} s for the whole script |")
     a(f"| hardware | {env.get('gpu') or 'CPU'}; torch {env['torch']}, transformers {env['transformers']}, "
@@ -1424,6 +1780,7 @@ def write_readme(path, R):
     else:
         a(f"Samples were not produced: {R.get('samples_error', 'unknown error')}")
         a("")
+    write_tool_section(a, R)
     d = R["data"]
     a("## Training data")
     a("")
@@ -1440,7 +1797,12 @@ def write_readme(path, R):
     a(f"- instruction data: {fmt_int(d['examples'])} ChatML conversations built from train files: functions and "
       "methods with a docstring become *user: Write a Python function that <first sentence of the docstring>* -> "
       "*assistant: the source in a python code block* (20% with a short system message); "
-      f"{d['chat_tokens'] / 1e6:.1f} M tokens, about {args.chat_frac * 100:.0f}% of training windows")
+      f"{d['chat_tokens'] / 1e6:.1f} M tokens, {R.get('chat_windows', 0) / args.batch * 100:.1f}% of training windows")
+    td_info = R.get("tool_data")
+    if td_info:
+        a(f"- tool-use data: {fmt_int(td_info['conversations'])} synthetic conversations "
+          f"({d.get('tool_tokens', 0) / 1e6:.1f} M tokens), {R.get('tool_windows', 0) / args.batch * 100:.1f}% of "
+          "training windows; see *Tool use* above")
     if d.get("skipped"):
         a("- skipped files: " + ", ".join(f"{k}: {v}" for k, v in sorted(d["skipped"].items())))
     a("")
@@ -1465,7 +1827,8 @@ def write_readme(path, R):
       "Special tokens: " + ", ".join(f"`{k}` = {v}" for k, v in t["special_ids"].items()) + ". "
       "No BOS token; `<|im_end|>` ends a chat turn (eos), `<|endoftext|>` separates documents (pad). "
       "The chat template is ChatML (`<|im_start|>{role}\\n{content}<|im_end|>\\n`, generation prompt "
-      "`<|im_start|>assistant\\n`), with no default system message.")
+      "`<|im_start|>assistant\\n`), with no default system message, and tool use in the Qwen2.5/Qwen3 layout "
+      "(see *Tool use*). `<tool_call>`, `<tool_response>` and `<tools>` are plain text, not special tokens.")
     a("")
     a("## Use")
     a("")
@@ -1477,6 +1840,19 @@ def write_readme(path, R):
     a("inputs = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors=\"pt\", return_dict=True)")
     a("out = model.generate(**inputs, max_new_tokens=128)")
     a("print(tok.decode(out[0, inputs[\"input_ids\"].shape[1]:]))")
+    a("```")
+    a("")
+    a("With tools (OpenAI-style function schemas), the reply is a tool call to parse:")
+    a("")
+    a("```python")
+    a("tools = [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+      "\"description\": \"Get the current weather in a city.\", \"parameters\": {\"type\": \"object\", "
+      "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]")
+    a("msgs = [{\"role\": \"user\", \"content\": \"What's the weather like in Paris?\"}]")
+    a("inputs = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, return_tensors=\"pt\", "
+      "return_dict=True)")
+    a("out = model.generate(**inputs, max_new_tokens=64, do_sample=False)")
+    a("print(tok.decode(out[0, inputs[\"input_ids\"].shape[1]:]))  # <tool_call>\\n{\"name\": \"get_weather\", ...")
     a("```")
     a("")
     a("`generation_config.json` samples (temperature 0.7, top_p 0.9) and stops at `<|im_end|>` or `<|endoftext|>`.")
@@ -1504,6 +1880,15 @@ def write_readme(path, R):
 # ----------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------
+
+def tool_summary(R):
+    te = R.get("tool_eval")
+    if not te:
+        return "FAILED" if R.get("tool_eval_error") else "not measured"
+    n = max(1, te["evaluated"])
+    return (f"{te['exact']}/{te['evaluated']} exact ({te['exact'] / n * 100:.0f}%), {te['valid']} valid, "
+            f"no call {te['no_call_ok']}/{te['no_call_evaluated']}")
+
 
 def summary_table(rows):
     w = max(len(k) for k, _ in rows)
@@ -1551,6 +1936,8 @@ def main():
     # 1. corpus -------------------------------------------------------------------------------
     log("stage 1/7: corpus")
     corpus = spill_corpus.collect(args.max_corpus_mb, args.heldout_pct, args.workers, args.max_examples)
+    tool_texts, tool_info, tool_evals, tool_no_call = tool_data(corpus.examples, args)
+    errors.extend(f"chat template: {p}" for p in tool_info["template_problems"])
     check_gpu(args, env)
     log("preflight: the whole transformers path on the CPU with the real architecture")
     try:
@@ -1592,10 +1979,13 @@ def main():
     held = stok.encode_stream(tok, corpus.heldout_docs, ids["<|endoftext|>"], literal_specials=True)
     texts = chat_texts(corpus.examples, args.seed)
     chat = stok.encode_stream(tok, texts, ids["<|endoftext|>"], literal_specials=False) if texts else None
-    if chat is not None and texts:
-        first = tok.encode(texts[0], add_special_tokens=False).ids
-        if first[0] != ids["<|im_start|>"] or ids["<|im_end|>"] not in first:
-            die("chat texts do not encode <|im_start|>/<|im_end|> as special tokens")
+    tools_stream = (stok.encode_stream(tok, tool_texts, ids["<|endoftext|>"], literal_specials=False)
+                    if tool_texts else None)
+    for name, ts in (("chat", texts), ("tool-use", tool_texts)):
+        if ts:
+            first = tok.encode(ts[0], add_special_tokens=False).ids
+            if first[0] != ids["<|im_start|>"] or ids["<|im_end|>"] not in first:
+                die(f"{name} texts do not encode <|im_start|>/<|im_end|> as special tokens")
     if code.size < 4 * args.seq_len * args.batch // 64:
         die(f"training stream has only {code.size} tokens")
     R["data"] = {
@@ -1604,11 +1994,13 @@ def main():
         "heldout_mb": sum(len(d) for d in corpus.heldout_docs) / 1e6,
         "train_tokens": int(code.size), "heldout_tokens": int(held.size),
         "chat_tokens": int(chat.size) if chat is not None else 0, "examples": len(texts),
+        "tool_tokens": int(tools_stream.size) if tools_stream is not None else 0,
         "duplicates": corpus.duplicates, "skipped": corpus.skipped, "sources": corpus.stats,
         "excluded": [(s.name, s.version, s.excluded) for s in corpus.sources if s.excluded],
         "corpus_seconds": corpus.seconds,
     }
-    del corpus
+    R["tool_data"] = tool_info
+    del corpus, tool_texts
 
     # 4. model --------------------------------------------------------------------------------
     log("stage 4/7: model")
@@ -1627,11 +2019,14 @@ def main():
     code_t = torch.from_numpy(code.astype(np.int32)).to(dev)
     held_t = torch.from_numpy(held.astype(np.int32)).to(dev)
     chat_t = torch.from_numpy(chat.astype(np.int32)).to(dev) if chat is not None and chat.size else None
+    tools_t = (torch.from_numpy(tools_stream.astype(np.int32)).to(dev)
+               if tools_stream is not None and tools_stream.size else None)
     probe_ids = held[: min(64, held.size)].astype(np.int64).tolist()
-    del code, chat
+    del code, chat, tools_stream
     tap = RouterTap(model, args.experts, args.top_k, True)
-    batcher = Batcher(code_t, chat_t, args, dev)
+    batcher = Batcher(code_t, chat_t, tools_t, args, dev)
     R["chat_windows"] = batcher.n_chat
+    R["tool_windows"] = batcher.n_tools
     R["experts_impl"] = choose_experts_impl(model, tap, batcher, args, dev)
     if tap.from_router_output is False:
         log("note: the router returns no expert ids; top-k is computed from softmax(gate logits)")
@@ -1647,7 +2042,7 @@ def main():
     log("stage 5/7: training")
     R["train"] = train(model, tap, batcher, args, dev, train_seconds)
     tap.remove()
-    del batcher, code_t, chat_t
+    del batcher, code_t, chat_t, tools_t
     if dev.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -1684,17 +2079,21 @@ def main():
         from transformers import AutoTokenizer
 
         hft = AutoTokenizer.from_pretrained(stage)
-        probe = FIXTURE_SNIPPET + "<|im_end|>"
-        a_ids = hft.encode(probe, add_special_tokens=False)
-        b_ids = tok.encode(probe, add_special_tokens=False).ids
-        msgs = [{"role": "user", "content": CHAT_PROMPT}]
-        rendered = hft.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        if a_ids != b_ids or rendered != stok.render_chat(msgs, True):
-            errors.append("AutoTokenizer disagrees with tokenizer.json or the chat template")
-            log(f"WARNING: AutoTokenizer: ids equal {a_ids == b_ids}, template equal "
-                f"{rendered == stok.render_chat(msgs, True)}")
+        cases = template_cases_for_transformers(
+            [(e["messages"], e["tools"], True) for e in tool_evals[:3] + tool_no_call[:1]])
+        probes = [FIXTURE_SNIPPET + "<|im_end|>"] + [stok.render_chat(m, g, t) for m, t, g in cases]
+        bad_ids = [i for i, pr in enumerate(probes)
+                   if hft.encode(pr, add_special_tokens=False) != tok.encode(pr, add_special_tokens=False).ids]
+        problems = template_mismatches(hft, cases)
+        if bad_ids or problems:
+            errors.append(f"AutoTokenizer disagrees with tokenizer.json on {len(bad_ids)} of {len(probes)} texts "
+                          f"or with the chat template on {len(problems)} of {len(cases)} conversations")
+            log("WARNING: " + errors[-1])
+            for p in problems:
+                log(f"WARNING: chat template: {p}")
         else:
-            log(f"AutoTokenizer ({hft.__class__.__name__}) matches tokenizer.json and the chat template")
+            log(f"AutoTokenizer ({hft.__class__.__name__}) matches tokenizer.json on {len(probes)} texts and "
+                f"apply_chat_template(tools=...) matches render_chat on {len(cases)} conversations")
     except Exception as e:
         errors.append(f"AutoTokenizer check failed: {e.__class__.__name__}: {e}")
         log(f"WARNING: AutoTokenizer check failed: {e.__class__.__name__}: {e}")
@@ -1728,6 +2127,21 @@ def main():
         traceback.print_exc()
         R["eval_error"] = f"{e.__class__.__name__}: {e}"
         errors.append("evaluation failed: " + R["eval_error"])
+    if tool_evals:
+        try:
+            te = tool_eval(model, tok, ids, dev, tool_evals, tool_no_call)
+            R["tool_eval"] = te
+            log(f"tool calls: {te['exact']}/{te['evaluated']} exact (right tool and arguments), {te['valid']} valid "
+                f"calls, {te['name']} right tool; no call on {te['no_call_ok']}/{te['no_call_evaluated']} plain "
+                f"questions; prompts up to {te['prompt_tokens_max']} tokens; {te['how']}, {te['seconds']:.1f}s")
+            if te.get("sample"):
+                log(f"sample tool-call reply ({te['sample']['score']}):\n{te['sample']['reply']}")
+            for f in te["failures"][:3]:
+                log(f"tool-call miss: {f['user']!r}: expected {f['expected']!r}, got {f['got'][:200]!r}")
+        except Exception as e:
+            traceback.print_exc()
+            R["tool_eval_error"] = f"{e.__class__.__name__}: {e}"
+            errors.append("tool-call evaluation failed: " + R["tool_eval_error"])
     try:
         R["samples"] = samples(model, tok, ids, dev)
         log(f"sample completion:\n{GREEDY_PROMPT}{R['samples']['completion']}")
@@ -1770,11 +2184,14 @@ def main():
                          f"moe_inter {args.moe_intermediate}"),
         ("corpus", f"{R['data']['train_files']} train files, {R['data']['train_tokens'] / 1e6:.1f} M tokens; "
                    f"{R['data']['examples']} chat examples"),
+        ("tool-use data", f"{R['tool_data']['conversations']} conversations, {R['data']['tool_tokens'] / 1e6:.1f} M "
+                          f"tokens, {R['tool_windows']}/{args.batch} windows per step"),
         ("experts backend", R["experts_impl"]),
         ("training", f"{tr['steps']} steps, {tr['tokens'] / 1e6:.0f} M tokens, {tr['seconds']:.0f}s, "
                      f"{tr['tokens_per_second'] / 1e6:.2f} M tok/s"),
         ("final train loss", f"{tr['final_loss']:.4f}"),
         ("held-out loss / ppl", f"{ev['loss']:.4f} / {ev['perplexity']:.2f}" if ev else "n/a"),
+        ("tool-call accuracy", tool_summary(R)),
         ("top-10% expert share", f"min {ev['skew_min'] * 100:.1f}% max {ev['skew_max'] * 100:.1f}% "
                                  f"(uniform {ev['uniform_share'] * 100:.1f}%)" if ev else "n/a"),
         ("reload check", f"{rep['tensors_equal']} tensors equal, logits exact {rep['logits_exact']}"),

@@ -1,0 +1,129 @@
+// The engine: one thread that owns the model runner and all KV memory, and runs steps of
+// continuously batched requests. Other threads submit requests and read their streams.
+// The contract (threads, ownership, what a step guarantees) is written down in docs/ENGINE.md.
+//
+//   Engine engine(EngineParts{...}, EngineConfig{...});
+//   RequestStream s = engine.submit({.prompt = ids, .max_tokens = 64});
+//   while (!s.finished()) { RequestOutput out = s.next(); ... }
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "formats/model_spec.h"
+#include "text/tokenizer.h"
+
+namespace spill {
+
+class Model;
+class ModelRunner;
+
+// submit() refuses a request because the waiting queue is full: retry later (HTTP 503), as
+// opposed to a plain spill::Error, which means the request itself is bad (HTTP 400).
+class QueueFullError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct EngineConfig {
+  SchedulerParams scheduler{};  // max running sequences, token budget per step
+  int64_t max_waiting = 1024;   // requests queued but not running; submit() fails beyond
+  // Longest sequence (prompt + output) a request may reach. 0: the model's
+  // max_position_embeddings, capped by what the KV pool holds. Larger than the pool: refused.
+  int64_t max_model_len = 0;
+  bool prefix_caching = true;
+  std::optional<uint64_t> seed{};  // seeds requests that bring none; none: random per engine
+  // Called on the engine thread after every step (tests, debugging). Must be quick and must not
+  // call back into the engine.
+  std::function<void(const StepTrace&)> on_step{};
+};
+
+// What the engine runs on. It takes ownership; the runner decides the KV pool (block size and
+// number of blocks, from its kv_config()).
+struct EngineParts {
+  std::unique_ptr<const Model> model;  // the weights the runner reads (may be null if it owns them)
+  std::unique_ptr<ModelRunner> runner;
+  std::optional<Tokenizer> tokenizer{};  // none: token ids only (no text, no stop strings)
+};
+
+// A snapshot of engine-wide state, for /metrics and logs. Counters count since start.
+struct EngineMetrics {
+  int64_t running = 0;
+  int64_t waiting = 0;  // queued, including submitted and not yet seen by the engine
+  int32_t kv_block_size = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_in_use = 0;     // referenced by a running sequence
+  int64_t kv_blocks_cached = 0;     // holding a cached prefix (in use or not)
+  int64_t kv_blocks_free = 0;       // allocatable (includes cached blocks no one uses)
+  int64_t prefix_query_tokens = 0;  // tokens looked up in the prefix cache at admission
+  int64_t prefix_hit_tokens = 0;    // of which found
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t computed_tokens = 0;   // tokens run through the model
+  int64_t generated_tokens = 0;  // tokens sampled
+  int64_t requests_submitted = 0;
+  int64_t requests_rejected = 0;  // refused by submit()
+  int64_t requests_finished = 0;  // every reason
+  int64_t requests_cancelled = 0;
+  int64_t requests_failed = 0;
+};
+
+class Engine {
+ public:
+  // Starts the engine thread. Throws spill::Error if the configuration cannot work with this
+  // runner (e.g. max_model_len larger than the KV pool).
+  Engine(EngineParts parts, const EngineConfig& config);
+  // Stops the thread; requests still open finish with reason Cancelled.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe; never waits for a step. Checks the request (prompt not empty, ids in the
+  // vocabulary, fits max_model_len, sampling parameters, stop strings need a tokenizer) and
+  // queues it. Throws spill::Error saying what is wrong, QueueFullError when max_waiting
+  // requests are already queued, spill::Error when the engine has stopped.
+  RequestStream submit(GenerationRequest request);
+
+  EngineMetrics metrics() const;  // thread-safe
+  const ModelSpec& spec() const { return spec_; }
+  const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
+  int64_t max_model_len() const { return max_model_len_; }
+
+  struct Impl;
+
+ private:
+  void validate_request(const GenerationRequest& request) const;  // throws spill::Error
+
+  ModelSpec spec_;
+  std::optional<Tokenizer> tokenizer_;
+  int64_t max_model_len_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+// How big the KV pool is: by blocks or by bytes (at most one), or a default.
+struct KvCapacity {
+  int32_t block_size = 16;
+  int64_t blocks = 0;  // > 0: exactly this many blocks
+  int64_t bytes = 0;   // > 0: as many blocks as fit in this many bytes
+};
+// Blocks for capacity, given the bytes one block takes on the backend. The default (neither set)
+// holds 4 sequences of the model's full context, at most 2 GiB. Throws spill::Error when both
+// are set or the result is under one block.
+int64_t resolve_kv_blocks(const ModelSpec& spec, const KvCapacity& capacity, int64_t bytes_per_block);
+
+struct CpuEngineOptions {
+  std::string model_dir;
+  KvCapacity kv{};
+  int threads = 0;                 // <= 0: one per hardware thread
+  bool require_tokenizer = false;  // fail when <model_dir>/tokenizer.json is missing
+};
+// Loads a model folder (and its tokenizer.json when present) and starts an engine on the CPU
+// backend.
+std::unique_ptr<Engine> open_cpu_engine(const CpuEngineOptions& options, const EngineConfig& config);
+
+}  // namespace spill

@@ -1,0 +1,216 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace spill {
+
+void SamplingParams::validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.0f)
+    fail("sampling: temperature must be a finite number >= 0 (0 means greedy), got {}", temperature);
+  if (top_k < -1) fail("sampling: top_k must be >= 1, or 0 / -1 to disable it, got {}", top_k);
+  if (!(top_p > 0.0f && top_p <= 1.0f)) fail("sampling: top_p must be in (0, 1], got {}", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) fail("sampling: min_p must be in [0, 1], got {}", min_p);
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
+    fail("sampling: repetition_penalty must be a finite number > 0 (1 disables it), got {}", repetition_penalty);
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    fail("sampling: presence_penalty must be in [-2, 2], got {}", presence_penalty);
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    fail("sampling: frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs)
+    fail("sampling: top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, top_logprobs);
+  if (top_logprobs > 0 && !logprobs) fail("sampling: top_logprobs needs logprobs = true");
+}
+
+namespace {
+
+// Higher score first; among equal scores the lower token id first (torch.argmax / stable sort).
+struct MoreLikely {
+  std::span<const float> scores;
+  bool operator()(int32_t a, int32_t b) const {
+    const float sa = scores[size_t(a)], sb = scores[size_t(b)];
+    return sa > sb || (sa == sb && a < b);
+  }
+};
+
+// A uniform double in [0, 1) from 53 random bits. Written out rather than using
+// std::uniform_real_distribution, whose algorithm differs between standard libraries: a seeded
+// request should give the same tokens on every build.
+double uniform01(std::mt19937_64& rng) {
+  return double(rng() >> 11) * 0x1.0p-53;
+}
+
+}  // namespace
+
+void compute_logprobs(std::span<const float> logits, int32_t token, int32_t top_n, SampledToken& out) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (float v : logits)
+    if (v > max) max = v;
+  double sum = 0.0;
+  for (float v : logits)
+    if (v > -std::numeric_limits<float>::infinity()) sum += std::exp(double(v) - double(max));
+  const double log_z = double(max) + std::log(sum);
+  auto logprob_of = [&](int32_t t) {
+    const float v = logits[size_t(t)];
+    return std::isnan(v) ? -std::numeric_limits<float>::infinity() : float(double(v) - log_z);
+  };
+  out.logprob = logprob_of(token);
+  out.top.clear();
+  if (top_n <= 0) return;
+  // A bounded heap keeps this O(vocab * log n) with no vocab-sized allocation.
+  const MoreLikely more_likely{logits};
+  std::vector<int32_t> heap;  // min-heap under more_likely: the least likely of the best n on top
+  heap.reserve(size_t(top_n) + 1);
+  for (int32_t t = 0; t < int32_t(logits.size()); ++t) {
+    if (std::isnan(logits[size_t(t)])) continue;
+    if (int32_t(heap.size()) < top_n) {
+      heap.push_back(t);
+      std::push_heap(heap.begin(), heap.end(), more_likely);
+    } else if (more_likely(t, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), more_likely);
+      heap.back() = t;
+      std::push_heap(heap.begin(), heap.end(), more_likely);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), more_likely);
+  for (int32_t t : heap) out.top.push_back({t, logprob_of(t)});
+}
+
+SequenceSampler::SequenceSampler(const SamplingParams& params, std::span<const int32_t> prompt, uint64_t fallback_seed)
+    : params_(params), seed_(params.seed.value_or(fallback_seed)), rng_(seed_) {
+  if (params_.repetition_penalty != 1.0f) {
+    prompt_tokens_.assign(prompt.begin(), prompt.end());
+    std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
+    prompt_tokens_.erase(std::unique(prompt_tokens_.begin(), prompt_tokens_.end()), prompt_tokens_.end());
+  }
+}
+
+void SequenceSampler::record(int32_t token) {
+  auto [it, inserted] = output_counts_.try_emplace(token, 0);
+  if (inserted) output_tokens_.push_back(token);
+  ++it->second;
+}
+
+void SequenceSampler::apply_penalties(std::span<float> scores) const {
+  const int64_t vocab = int64_t(scores.size());
+  auto in_vocab = [vocab](int32_t t) { return t >= 0 && t < vocab; };
+  const float rp = params_.repetition_penalty;
+  if (rp != 1.0f) {
+    auto penalise = [&](int32_t t) {
+      float& s = scores[size_t(t)];
+      s = s > 0.0f ? s / rp : s * rp;
+    };
+    // A token in both prompt and output is penalised once, as HF's gather/scatter over the set does.
+    for (int32_t t : prompt_tokens_)
+      if (in_vocab(t)) penalise(t);
+    for (int32_t t : output_tokens_)
+      if (in_vocab(t) && !std::binary_search(prompt_tokens_.begin(), prompt_tokens_.end(), t)) penalise(t);
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    for (int32_t t : output_tokens_) {
+      if (!in_vocab(t)) continue;
+      const int32_t count = output_counts_.at(t);
+      scores[size_t(t)] -= params_.presence_penalty + params_.frequency_penalty * float(count);
+    }
+  }
+}
+
+int32_t SequenceSampler::pick_greedy(std::span<const float> scores) const {
+  int32_t best = -1;
+  float best_score = -std::numeric_limits<float>::infinity();
+  for (int32_t t = 0; t < int32_t(scores.size()); ++t) {
+    // Strictly greater: the first (lowest id) of equal maxima wins.
+    if (scores[size_t(t)] > best_score) {
+      best_score = scores[size_t(t)];
+      best = t;
+    }
+  }
+  return best;  // -1: every score is -inf or NaN
+}
+
+int32_t SequenceSampler::pick_random(std::span<float> scores, SamplerWorkspace& ws) {
+  const float inv_t = 1.0f / params_.temperature;
+  std::vector<int32_t>& cand = ws.candidates;
+  cand.clear();
+  for (int32_t t = 0; t < int32_t(scores.size()); ++t) {
+    float& s = scores[size_t(t)];
+    s *= inv_t;
+    // -inf has no mass and NaN cannot be ranked: neither can be picked.
+    if (s > -std::numeric_limits<float>::infinity()) cand.push_back(t);
+  }
+  if (cand.empty()) return -1;
+  const MoreLikely more_likely{scores};
+
+  const bool use_top_k = params_.top_k > 0 && size_t(params_.top_k) < cand.size();
+  const bool use_top_p = params_.top_p < 1.0f;
+  if (use_top_k) {
+    std::nth_element(cand.begin(), cand.begin() + params_.top_k, cand.end(), more_likely);
+    cand.resize(static_cast<size_t>(params_.top_k));
+  }
+  // Candidates are in id order unless sorted here; either order is deterministic.
+  if (use_top_p || use_top_k) std::sort(cand.begin(), cand.end(), more_likely);
+
+  float max_score = -std::numeric_limits<float>::infinity();
+  for (int32_t t : cand) max_score = std::max(max_score, scores[size_t(t)]);
+  std::vector<double>& w = ws.weights;
+  w.resize(cand.size());
+  double total = 0.0;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    const float s = scores[size_t(cand[i])];
+    // +inf logits (a model bug, or a forcing bias) share all the mass.
+    w[i] = std::isinf(max_score) ? (s == max_score ? 1.0 : 0.0) : std::exp(double(s) - double(max_score));
+    total += w[i];
+  }
+
+  if (use_top_p) {
+    // Keep tokens while the mass before them is below top_p: the smallest prefix whose mass
+    // reaches top_p (HF removes the tail whose cumulative mass is <= 1 - top_p; same set).
+    const double limit = double(params_.top_p) * total;
+    double before = 0.0;
+    size_t keep = 0;
+    while (keep < cand.size() && (keep == 0 || before < limit)) before += w[keep++];
+    cand.resize(keep);
+    w.resize(keep);
+    total = before;
+  }
+  if (params_.min_p > 0.0f) {
+    // p / p_max = w / w_max, and w_max = 1 (the top token is always a candidate).
+    const double floor = double(params_.min_p);
+    total = 0.0;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      if (w[i] < floor) w[i] = 0.0;
+      total += w[i];
+    }
+  }
+
+  const double target = uniform01(rng_) * total;
+  double cumulative = 0.0;
+  int32_t last_with_mass = cand.front();
+  for (size_t i = 0; i < cand.size(); ++i) {
+    if (w[i] <= 0.0) continue;
+    cumulative += w[i];
+    last_with_mass = cand[i];
+    if (cumulative > target) return cand[i];
+  }
+  return last_with_mass;  // rounding left target at the very end of the mass
+}
+
+SampledToken SequenceSampler::sample(std::span<const float> logits, SamplerWorkspace& ws) {
+  ws.scores.assign(logits.begin(), logits.end());
+  std::span<float> scores(ws.scores);
+  apply_penalties(scores);
+  const int32_t token = params_.greedy() ? pick_greedy(scores) : pick_random(scores, ws);
+  if (token < 0)
+    fail("sampler: every logit is -inf or NaN, so no token can be picked (vocab of {}); the model's output is broken",
+         logits.size());
+  SampledToken out;
+  out.token = token;
+  if (params_.logprobs) compute_logprobs(logits, token, params_.top_logprobs, out);
+  record(token);
+  return out;
+}
+
+}  // namespace spill
