@@ -1,6 +1,6 @@
 // The engine: one thread that owns the model runner and all KV memory, and runs steps of
 // continuously batched requests. Other threads submit requests and read their streams.
-// The contract (threads, ownership, what a step guarantees) is written down in docs/ENGINE.md.
+// The contract (threads, ownership, what a step guarantees) is written down in docs/ARCHITECTURE.md ("Engine contract").
 //
 //   Engine engine(EngineParts{...}, EngineConfig{...});
 //   RequestStream s = engine.submit({.prompt = ids, .max_tokens = 64});
