@@ -1,0 +1,60 @@
+// Turns a conversation into the prompt text the model was trained on (its own chat template,
+// rendered by spill's Jinja interpreter) and decides how its output is to be read: whether the
+// model thinks in <think>...</think>, whether it writes Hermes/Qwen-style <tool_call> blocks,
+// and, for tool_choice "required" or a named function, the start of the call the reply is
+// forced to continue.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/openai_api.h"
+#include "server/output_parser.h"
+
+namespace spill {
+class ChatTemplate;
+class Tokenizer;
+}  // namespace spill
+
+namespace spill::server {
+
+struct RenderedPrompt {
+  std::string text;             // the prompt, including any forced start of the reply
+  OutputParserOptions parser;   // how to split the reply
+  std::string forced_reply;     // text appended to the prompt that the parser must see as reply
+  // End-of-turn markers the reply must stop at besides the model's EOS ids (the fallback
+  // template's <|im_end|>, which a model without a chat template does not know as EOS).
+  std::vector<std::string> stop_strings;
+};
+
+class ChatPrompt {
+ public:
+  // Reads the model's template (see text/chat_template.h for where it is looked for). A model
+  // without one gets ChatML with Hermes-style tools (what Qwen models use). `tokenizer` (may be
+  // null) tells whether the vocabulary has a <think> token. Throws spill::Error naming the file
+  // when the template does not parse.
+  static ChatPrompt load(const std::string& model_dir, const Tokenizer* tokenizer);
+  // From template source, for tests. An empty source means "no template" (the fallback).
+  static ChatPrompt from_source(const std::string& source, const nlohmann::ordered_json& special_tokens = {});
+
+  // Throws ApiError (400) when the template refuses the conversation (raise_exception, e.g.
+  // "roles must alternate"), with the template's own message.
+  RenderedPrompt render(const ChatInput& chat, const std::string& assistant_prefill = "") const;
+
+  bool thinks() const { return thinks_; }            // the template knows <think>
+  bool hermes_tools() const { return hermes_tools_; }  // the template asks for <tool_call> blocks
+  bool is_fallback() const { return fallback_; }
+
+ private:
+  void detect(const std::string& sources);
+
+  std::shared_ptr<const ChatTemplate> template_;
+  bool thinks_ = false;
+  bool hermes_tools_ = false;
+  bool fallback_ = false;
+};
+
+// ChatML with a Hermes/Qwen tools section: the template used when a model brings none.
+extern const char* const kFallbackChatTemplate;
+
+}  // namespace spill::server

@@ -1,0 +1,37 @@
+// `spill serve`: the HTTP server. Routing, API keys, the body-size limit, health, models, metrics
+// and tokenize live here; request parsing and response shapes live in openai_api / anthropic_api.
+//
+// Threads: cpp-httplib's pool runs one request per worker thread from the body to the last byte
+// of the response (a stream holds its worker while it streams). Each worker submits to the
+// engine and reads its own RequestStreams; the engine thread is never blocked by a slow client.
+// The model loads on a background thread while the server already answers (/health is 503
+// until the engine is ready; generation endpoints answer 503 too).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace spill::server {
+
+struct ServerOptions {
+  std::string model_dir;            // Hugging Face model folder
+  std::string served_model_name;    // "" -> the folder's basename
+  std::string host = "127.0.0.1";   // loopback unless asked otherwise
+  int port = 8080;                  // 0: any free port (printed on the listening line)
+  std::string api_key;              // "": no authentication
+  int32_t max_seqs = 0;             // sequences running at once; 0: engine default
+  int64_t max_waiting = 0;          // queued requests before 503; 0: engine default
+  int64_t max_model_len = 0;        // 0: the model's context, capped by the KV pool
+  int64_t kv_mem_bytes = 0;         // KV pool size; 0: engine default
+  int threads = 0;                  // CPU backend threads; 0: all
+  size_t max_body_bytes = size_t(32) << 20;
+  int http_threads = 0;             // 0: enough for max_seqs streams plus slack
+  double ping_interval_s = 2.0;     // keep-alive comments while nothing else is sent
+};
+
+// Binds, prints "spill: listening on http://HOST:PORT" on stdout, loads the model in the
+// background and serves until SIGINT or SIGTERM. Returns the process exit code (1 when the
+// address cannot be bound or the model fails to load). Throws spill::Error for bad options.
+int serve(const ServerOptions& options);
+
+}  // namespace spill::server

@@ -1,0 +1,181 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace spill::server {
+
+namespace {
+
+// Prometheus floats: integers without a fraction, others with enough digits to round-trip.
+std::string format_value(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(v)) return "NaN";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return fmt::format("{:.1f}", v);
+  return fmt::format("{}", v);
+}
+
+void header(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+void sample(std::string& out, std::string_view name, std::string_view labels, double value) {
+  fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, labels, format_value(value));
+}
+
+}  // namespace
+
+std::string escape_label_value(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : upper_bounds_(std::move(upper_bounds)), bucket_counts_(upper_bounds_.size() + 1, 0) {
+  std::sort(upper_bounds_.begin(), upper_bounds_.end());
+}
+
+void Histogram::observe(double value) {
+  // Prometheus buckets are "less than or equal": value == bound counts in that bucket.
+  const size_t bucket = size_t(std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) - upper_bounds_.begin());
+  std::lock_guard lock(mutex_);
+  ++bucket_counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+uint64_t Histogram::count() const {
+  std::lock_guard lock(mutex_);
+  return count_;
+}
+
+double Histogram::sum() const {
+  std::lock_guard lock(mutex_);
+  return sum_;
+}
+
+void Histogram::render(std::string& out, std::string_view name, std::string_view help, std::string_view labels) const {
+  std::lock_guard lock(mutex_);
+  header(out, name, "histogram", help);
+  uint64_t cumulative = 0;
+  const std::string sep = labels.empty() ? "" : ",";
+  for (size_t i = 0; i <= upper_bounds_.size(); ++i) {
+    cumulative += bucket_counts_[i];
+    const std::string le = i < upper_bounds_.size() ? format_value(upper_bounds_[i]) : "+Inf";
+    fmt::format_to(std::back_inserter(out), "{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, le, cumulative);
+  }
+  sample(out, fmt::format("{}_sum", name), labels, sum_);
+  sample(out, fmt::format("{}_count", name), labels, double(count_));
+}
+
+std::vector<double> ServerMetrics::ttft_buckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,   0.75,  1.0,
+          2.5,   5.0,   7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+}
+
+std::vector<double> ServerMetrics::inter_token_buckets() {
+  return {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+          0.15,  0.2,    0.3,   0.4,    0.5,  0.75,  1.0,  2.5,   5.0,  7.5,  10.0, 20.0,  40.0, 80.0};
+}
+
+std::vector<double> ServerMetrics::e2e_buckets() {
+  return {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+}
+
+std::vector<double> ServerMetrics::token_count_buckets() {
+  std::vector<double> b;
+  for (double decade = 1; decade <= 1e6; decade *= 10)
+    for (double m : {1.0, 2.0, 5.0}) b.push_back(m * decade);
+  return b;
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_(ttft_buckets()),
+      inter_token_(inter_token_buckets()),
+      e2e_(e2e_buckets()),
+      prompt_tokens_hist_(token_count_buckets()),
+      generation_tokens_hist_(token_count_buckets()) {}
+
+void ServerMetrics::record_finished(const FinishedRequestStats& stats) {
+  {
+    std::lock_guard lock(mutex_);
+    prompt_tokens_ += stats.prompt_tokens;
+    generation_tokens_ += stats.generation_tokens;
+    cached_prompt_tokens_ += stats.cached_tokens;
+    ++finished_by_reason_[stats.finish_reason];
+  }
+  if (stats.ttft_seconds >= 0) ttft_.observe(stats.ttft_seconds);
+  for (double gap : stats.inter_token_seconds) inter_token_.observe(gap);
+  e2e_.observe(stats.e2e_seconds);
+  prompt_tokens_hist_.observe(double(stats.prompt_tokens));
+  generation_tokens_hist_.observe(double(stats.generation_tokens));
+}
+
+void ServerMetrics::record_rejected(int http_status) {
+  std::lock_guard lock(mutex_);
+  ++rejected_by_status_[http_status];
+}
+
+std::string ServerMetrics::render(const EngineGauges& engine, std::string_view model_name) const {
+  const std::string labels = fmt::format("model_name=\"{}\"", escape_label_value(model_name));
+  std::string out;
+  out.reserve(16384);
+
+  auto gauge = [&](std::string_view name, std::string_view help, double value) {
+    header(out, name, "gauge", help);
+    sample(out, name, labels, value);
+  };
+  auto counter = [&](std::string_view name, std::string_view help, double value) {
+    header(out, name, "counter", help);
+    sample(out, name, labels, value);
+  };
+
+  gauge("spill:num_requests_running", "Requests in the running set (being prefilled or decoded).",
+        double(engine.requests_running));
+  gauge("spill:num_requests_waiting", "Requests waiting for admission.", double(engine.requests_waiting));
+  gauge("spill:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", engine.kv_cache_usage);
+  gauge("spill:kv_cache_blocks_total", "KV-cache blocks in the pool.", double(engine.kv_blocks_total));
+  counter("spill:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+          double(engine.prefix_cache_queries));
+  counter("spill:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", double(engine.prefix_cache_hits));
+  counter("spill:num_preemptions_total", "Times a running request was preempted to free KV blocks.",
+          double(engine.preemptions));
+
+  {
+    std::lock_guard lock(mutex_);
+    counter("spill:prompt_tokens_total", "Prompt tokens of finished requests.", double(prompt_tokens_));
+    counter("spill:generation_tokens_total", "Generated tokens of finished requests.", double(generation_tokens_));
+    counter("spill:prompt_tokens_cached_total", "Prompt tokens of finished requests served from the prefix cache.",
+            double(cached_prompt_tokens_));
+    header(out, "spill:request_success_total", "counter", "Finished requests, by finish reason.");
+    for (const char* reason : {"stop", "length", "tool_calls", "abort", "error"})
+      if (!finished_by_reason_.contains(reason))
+        sample(out, "spill:request_success_total", fmt::format("{},finished_reason=\"{}\"", labels, reason), 0);
+    for (const auto& [reason, n] : finished_by_reason_)
+      sample(out, "spill:request_success_total",
+             fmt::format("{},finished_reason=\"{}\"", labels, escape_label_value(reason)), double(n));
+    header(out, "spill:request_rejected_total", "counter", "Requests refused before generation, by HTTP status.");
+    for (const auto& [status, n] : rejected_by_status_)
+      sample(out, "spill:request_rejected_total", fmt::format("{},status=\"{}\"", labels, status), double(n));
+  }
+
+  ttft_.render(out, "spill:time_to_first_token_seconds", "Time from arrival to the first generated token.", labels);
+  inter_token_.render(out, "spill:inter_token_latency_seconds", "Time between consecutive generated tokens.", labels);
+  e2e_.render(out, "spill:e2e_request_latency_seconds", "Time from arrival to the last token.", labels);
+  prompt_tokens_hist_.render(out, "spill:request_prompt_tokens", "Prompt tokens per finished request.", labels);
+  generation_tokens_hist_.render(out, "spill:request_generation_tokens", "Generated tokens per finished request.",
+                                 labels);
+  return out;
+}
+
+}  // namespace spill::server

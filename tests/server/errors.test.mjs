@@ -1,0 +1,172 @@
+// Every request error on the OpenAI endpoints is a 4xx with the OpenAI shape
+// {"error": {"message", "type", "param", "code"}}: malformed JSON, wrong types, out-of-range
+// values, context length exceeded (server started with --max-model-len 256), bodies over the limit.
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import OpenAI from 'openai';
+
+import { ANTHROPIC_MODEL, assertAnthropicError, assertNamesField, assertOpenAIError, rawPost, startServer } from './helpers.mjs';
+
+const MAX_MODEL_LEN = 256;
+const CHAT = [{ role: 'user', content: 'Write a Python function that sorts a list.' }];
+
+let srv;
+let model;
+
+before(async () => {
+  srv = await startServer({ args: ['--max-model-len', MAX_MODEL_LEN] });
+  model = await srv.modelId();
+});
+after(() => srv?.stop());
+
+describe('malformed and mistyped requests', () => {
+  test('malformed JSON: 400 with the OpenAI error shape', async () => {
+    for (const path of ['/v1/chat/completions', '/v1/completions']) {
+      for (const body of ['{"model": "x", "messages": [', 'not json at all', '']) {
+        const r = await srv.post(path, body, { headers: { 'content-type': 'application/json' } });
+        assertOpenAIError(r, 400, `${path} with body ${JSON.stringify(body)}`);
+      }
+    }
+  });
+
+  test('wrong types: 400 naming the field', async () => {
+    const chat = { model, messages: CHAT, max_tokens: 4 };
+    const cases = [
+      ['temperature "hot"', { ...chat, temperature: 'hot' }, 'temperature'],
+      ['messages not an array', { ...chat, messages: 'hello' }, 'messages'],
+      ['messages missing', { model, max_tokens: 4 }, 'messages'],
+      ['messages empty', { ...chat, messages: [] }, 'messages'],
+      ['message without role', { ...chat, messages: [{ content: 'hi' }] }, 'role'],
+      ['max_tokens "eight"', { ...chat, max_tokens: 'eight' }, 'max_tokens'],
+      ['max_tokens 2.5', { ...chat, max_tokens: 2.5 }, 'max_tokens'],
+      ['top_p []', { ...chat, top_p: [] }, 'top_p'],
+      ['stream "yes"', { ...chat, stream: 'yes' }, 'stream'],
+      ['stop 42', { ...chat, stop: 42 }, 'stop'],
+    ];
+    for (const [what, body, field] of cases) {
+      const e = assertOpenAIError(await srv.post('/v1/chat/completions', body), 400, `chat ${what}`);
+      assertNamesField(e, field, `chat ${what}`);
+    }
+    const e = assertOpenAIError(await srv.post('/v1/completions', { model, prompt: { text: 'x' }, max_tokens: 4 }), 400, 'completions prompt as an object');
+    assertNamesField(e, 'prompt', 'completions prompt as an object');
+    const body = JSON.stringify(['an', 'array']);
+    assertOpenAIError(await srv.post('/v1/chat/completions', body), 400, 'chat body is a JSON array, not an object');
+  });
+
+  test('out-of-range values: 400 naming the field', async () => {
+    const chat = { model, messages: CHAT, max_tokens: 4 };
+    const cases = [
+      ['temperature -1', { ...chat, temperature: -1 }, 'temperature'],
+      ['top_p 2', { ...chat, top_p: 2 }, 'top_p'],
+      ['top_p -0.5', { ...chat, top_p: -0.5 }, 'top_p'],
+      ['max_tokens -5', { ...chat, max_tokens: -5 }, 'max_tokens'],
+      ['max_completion_tokens -5', { model, messages: CHAT, max_completion_tokens: -5 }, 'max_completion_tokens'],
+    ];
+    for (const [what, body, field] of cases) {
+      const e = assertOpenAIError(await srv.post('/v1/chat/completions', body), 400, `chat ${what}`);
+      assertNamesField(e, field, `chat ${what}`);
+    }
+    for (const [what, extra, field] of [
+      ['temperature -1', { temperature: -1 }, 'temperature'],
+      ['max_tokens -5', { max_tokens: -5 }, 'max_tokens'],
+    ]) {
+      const e = assertOpenAIError(await srv.post('/v1/completions', { model, prompt: 'def f():', max_tokens: 4, ...extra }), 400, `completions ${what}`);
+      assertNamesField(e, field, `completions ${what}`);
+    }
+  });
+
+  test('the openai SDK surfaces a 400 as BadRequestError', async () => {
+    const client = srv.openai();
+    await assert.rejects(client.chat.completions.create({ model, messages: CHAT, max_tokens: 4, top_p: 2 }), (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, `expected BadRequestError, got ${e?.constructor?.name}: ${e?.message}`);
+      assert.equal(e.status, 400);
+      assert.equal(typeof e.error?.message, 'string', `SDK error body: ${JSON.stringify(e.error)}`);
+      return true;
+    });
+  });
+
+  test('unknown route: 404', async () => {
+    const r = await srv.post('/v1/no-such-endpoint', { model });
+    assert.equal(r.status, 404, `POST /v1/no-such-endpoint: expected 404, got ${r.status}`);
+  });
+});
+
+describe('context length (server started with --max-model-len 256)', () => {
+  // A completions prompt of about `target` tokens (no chat template), and its exact token count.
+  async function promptOfAbout(target) {
+    const unit = 'value = compute(value, 3)\n';
+    const count = async (text) => {
+      const r = await srv.post('/v1/completions', { model, prompt: text, max_tokens: 1, temperature: 0 });
+      assert.equal(r.status, 200, `calibration request: ${r.status} ${r.text.slice(0, 300)}`);
+      return r.json.usage.prompt_tokens;
+    };
+    const one = await count(unit);
+    const perUnit = (await count(unit.repeat(5))) - one;
+    assert.ok(perUnit > 0, 'calibration: more text must mean more prompt tokens');
+    let n = Math.max(1, Math.floor(((target - one) * 4) / perUnit) + 1);
+    let text = unit.repeat(n);
+    let tokens = await count(text);
+    while (tokens > target && n > 1) {
+      n -= 1;
+      text = unit.repeat(n);
+      tokens = await count(text);
+    }
+    return { text, tokens };
+  }
+
+  test('prompt + max_tokens over the limit: 400 context_length_exceeded; at the limit: 200', async () => {
+    const { text, tokens } = await promptOfAbout(MAX_MODEL_LEN - 12);
+    assert.ok(tokens <= MAX_MODEL_LEN - 6 && tokens >= MAX_MODEL_LEN - 40, `calibration landed at ${tokens} prompt tokens`);
+    const room = MAX_MODEL_LEN - tokens;
+
+    const fits = await srv.post('/v1/completions', { model, prompt: text, max_tokens: room, temperature: 0 });
+    assert.equal(fits.status, 200, `prompt ${tokens} + max_tokens ${room} = ${MAX_MODEL_LEN} fits the context: expected 200, got ${fits.status}: ${fits.text.slice(0, 300)}`);
+
+    const over = await srv.post('/v1/completions', { model, prompt: text, max_tokens: room + 1, temperature: 0 });
+    const e = assertOpenAIError(over, 400, `prompt ${tokens} + max_tokens ${room + 1} > ${MAX_MODEL_LEN}`);
+    assert.equal(e.code, 'context_length_exceeded', `error.code: ${JSON.stringify(e)}`);
+    assert.match(e.message, /256/, `the message should state the limit (256): ${e.message}`);
+
+    const chatOver = await srv.post('/v1/chat/completions', { model, messages: [{ role: 'user', content: text }], max_tokens: room + 1, temperature: 0 });
+    const ce = assertOpenAIError(chatOver, 400, 'chat: template + prompt + max_tokens over the limit');
+    assert.equal(ce.code, 'context_length_exceeded', `chat error.code: ${JSON.stringify(ce)}`);
+  });
+
+  test('a prompt longer than the context on its own: 400 context_length_exceeded (also streaming, also Messages API)', async () => {
+    const text = 'value = compute(value, 3)\n'.repeat(200);
+    for (const stream of [false, true]) {
+      const r = await srv.post('/v1/chat/completions', { model, messages: [{ role: 'user', content: text }], max_tokens: 4, stream });
+      const e = assertOpenAIError(r, 400, `chat prompt far over the limit (stream ${stream})`);
+      assert.equal(e.code, 'context_length_exceeded', `error.code: ${JSON.stringify(e)}`);
+    }
+    const noMax = await srv.post('/v1/completions', { model, prompt: text });
+    assert.equal(assertOpenAIError(noMax, 400, 'completions prompt over the limit, no max_tokens').code, 'context_length_exceeded');
+
+    const m = await srv.post('/v1/messages', { model: ANTHROPIC_MODEL, max_tokens: 4, messages: [{ role: 'user', content: text }] }, { headers: { 'anthropic-version': '2023-06-01' } });
+    assertAnthropicError(m, 400, 'invalid_request_error', 'Messages API prompt over the limit');
+  });
+
+  test('GET /v1/models reports the configured context length', async () => {
+    const r = await srv.get('/v1/models');
+    const entry = r.json?.data?.[0] ?? {};
+    const len = entry.max_model_len ?? entry.context_length ?? entry.context_window ?? entry.max_context_length;
+    assert.equal(len, MAX_MODEL_LEN, `/v1/models context length field must be ${MAX_MODEL_LEN}: ${JSON.stringify(entry)}`);
+  });
+});
+
+describe('body size limit', () => {
+  // The default limit is 32 MiB (docs/API.md, --max-body-bytes); 40 MB is over it.
+  test('a 40 MB body: 413, and the server keeps serving', async () => {
+    const filler = 'x'.repeat(40 * 1000 * 1000);
+    const body = Buffer.from(JSON.stringify({ model, messages: [{ role: 'user', content: filler }], max_tokens: 1 }));
+    const r = await rawPost(srv.url, '/v1/chat/completions', { 'Content-Type': 'application/json' }, body);
+    assert.equal(r.status, 413, `40 MB body: expected 413, got ${r.status}: ${r.head}\n${r.body.slice(0, 300)}`);
+    if (r.body.trim().startsWith('{')) {
+      const json = JSON.parse(r.body);
+      assert.equal(typeof json.error?.message, 'string', `413 body, if JSON, is OpenAI-shaped: ${r.body.slice(0, 300)}`);
+    }
+    const ok = await srv.post('/v1/chat/completions', { model, messages: CHAT, max_tokens: 2 });
+    assert.equal(ok.status, 200, `after the 413 the server still serves: ${ok.status} ${ok.text.slice(0, 300)}`);
+  });
+});
