@@ -1,8 +1,8 @@
 // Tool calls with the template spill uses when a model has none: ChatML with a Hermes-style tools
 // section (docs/API.md). The server runs a copy of the test model with its chat template removed.
 //
-// spill has no test hook to make the model emit a chosen reply, and the tiny model does not write
-// valid tool calls, so what is checked is deterministic plumbing: tool definitions reach the prompt,
+// tools_model.test.mjs tests the model's own tool calls through its own template; this file checks
+// the fallback template's plumbing: tool definitions reach the prompt,
 // and a forced tool_choice starts the reply with `<tool_call>{"name": "N", "arguments": `, which
 // comes back either parsed (a tool call of that name) or, when the model's continuation is not
 // valid JSON, as text with the tags included.
@@ -90,7 +90,8 @@ describe('forced tool_choice (OpenAI)', () => {
     const r = await srv.openai().chat.completions.create({ model, messages: ASK, tools: TOOLS, tool_choice: 'none', max_tokens: 16, temperature: 0 });
     assert.ok(!r.choices[0].message.tool_calls?.length, `tool_choice none: no tool_calls, got ${JSON.stringify(r.choices[0].message.tool_calls)}`);
     assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason), `tool_choice none: finish_reason ${r.choices[0].finish_reason}`);
-    assert.doesNotMatch(r.choices[0].message.content ?? '', FORCED, 'tool_choice none must not start the reply with a forced call');
+    // spill-tiny was trained on tool calls and may still write one on its own; with tool_choice
+    // none it must come back as text, never as a parsed call.
   });
 
   test('streaming a forced call gives the same reply as non-streaming (greedy)', async () => {
