@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
 
 #include "core/error.h"
 
@@ -43,15 +42,17 @@ NpyArray read_npy_f32(const std::string& path) {
   in.read(header.data(), len);
   if (header.find("'<f4'") == std::string::npos || header.find("'fortran_order': False") == std::string::npos)
     fail("{}: expected a little-endian float32 C-order array, header is {}", path, header);
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex("'shape': \\(([0-9, ]*)\\)"))) fail("{}: no shape in header", path);
+  const size_t open = header.find("'shape': (");
+  const size_t close = open == std::string::npos ? open : header.find(')', open);
+  if (close == std::string::npos) fail("{}: no shape in header", path);
   NpyArray a;
   int64_t count = 1;
-  std::string dims = m[1];
+  const std::string dims = header.substr(open + 10, close - open - 10);
   for (size_t pos = 0; pos < dims.size();) {
     size_t end = dims.find(',', pos);
     std::string part = dims.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
     if (part.find_first_not_of(' ') != std::string::npos) {
+      if (part.find_first_not_of(" 0123456789") != std::string::npos) fail("{}: bad shape in header: {}", path, header);
       a.shape.push_back(std::stoll(part));
       count *= a.shape.back();
     }

@@ -1,0 +1,95 @@
+// The `spill` executable from outside: `spill logits` writes the same logits the parity fixtures
+// hold, as a .npy file other tools can read; `spill info` and bad flags give clear output.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "formats/npy.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string spill_bin() {
+  const char* bin = std::getenv("SPILL_BIN");
+  return bin ? bin : "";
+}
+
+// Runs a shell command, returns (exit status, stdout+stderr).
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+TEST(Npy, RoundTrip) {
+  const fs::path path = fs::temp_directory_path() / ("spill_npy_" + std::to_string(::getpid()) + ".npy");
+  const std::vector<float> data = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.125f};
+  spill::write_npy_f32(path.string(), data.data(), {2, 3});
+  const spill::NpyArray a = spill::read_npy_f32(path.string());
+  fs::remove(path);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a.data, data);
+}
+
+TEST(Cli, LogitsMatchFixture) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  const fs::path dir = fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense";
+  std::ifstream in(dir / "expected.json");
+  const auto expected = nlohmann::json::parse(in);
+  std::string ids;
+  for (int id : expected["input_ids"]) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id);
+  }
+  const fs::path out = fs::temp_directory_path() / ("spill_cli_logits_" + std::to_string(::getpid()) + ".npy");
+  auto [status, text] = run(spill_bin() + " logits --model " + dir.string() + " --ids " + ids + " --out " + out.string());
+  ASSERT_EQ(status, 0) << text;
+  const spill::NpyArray a = spill::read_npy_f32(out.string());
+  fs::remove(out);
+  ASSERT_EQ(a.shape.size(), 2u);
+  ASSERT_EQ(a.shape[0], int64_t(expected["input_ids"].size()));
+  ASSERT_EQ(a.shape[1], int64_t(expected["logits"][0].size()));
+  for (size_t r = 0; r < expected["logits"].size(); ++r) {
+    double max_err = 0, max_ref = 0;
+    for (size_t c = 0; c < expected["logits"][r].size(); ++c) {
+      const double want = expected["logits"][r][c].get<double>();
+      max_err = std::max(max_err, std::abs(a.data[r * size_t(a.shape[1]) + c] - want));
+      max_ref = std::max(max_ref, std::abs(want));
+    }
+    EXPECT_LE(max_err / max_ref, 1e-5) << "row " << r;  // fp32 on both sides: see parity_test.cpp
+  }
+}
+
+TEST(Cli, InfoPrintsBytesByClass) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  auto [status, text] = run(spill_bin() + " info --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "qwen3_moe_fused").string());
+  ASSERT_EQ(status, 0) << text;
+  EXPECT_NE(text.find("qwen3_moe"), std::string::npos) << text;
+  EXPECT_NE(text.find("routed experts"), std::string::npos) << text;
+  EXPECT_NE(text.find("bytes per routed expert"), std::string::npos) << text;
+}
+
+TEST(Cli, BadIdsAndMissingModelAreClearErrors) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  auto [s1, t1] = run(spill_bin() + " logits --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
+                      " --ids 1,x,3 --out /tmp/never.npy");
+  EXPECT_EQ(s1, 1);
+  EXPECT_NE(t1.find("'x' is not a token id"), std::string::npos) << t1;
+  auto [s2, t2] = run(spill_bin() + " info --model /nonexistent/model");
+  EXPECT_EQ(s2, 1);
+  EXPECT_NE(t2.find("/nonexistent/model"), std::string::npos) << t2;
+  auto [s3, t3] = run(spill_bin() + " logits --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
+                      " --ids 1,100000 --out /tmp/never.npy");
+  EXPECT_EQ(s3, 1);
+  EXPECT_NE(t3.find("outside the vocabulary"), std::string::npos) << t3;
+}
+
+}  // namespace
