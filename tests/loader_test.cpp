@@ -52,6 +52,23 @@ RawTensor f32(const std::string& name, std::vector<int64_t> shape) {
   return t;
 }
 
+// The header write_safetensors would generate, for tests that then corrupt one entry.
+json header_of(const std::vector<RawTensor>& tensors) {
+  json header = json::object();
+  size_t off = 0;
+  for (const RawTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  return header;
+}
+
+size_t data_size(const std::vector<RawTensor>& tensors) {
+  size_t n = 0;
+  for (const RawTensor& t : tensors) n += t.bytes.size();
+  return n;
+}
+
 json tiny_llama_config() {
   return {{"model_type", "llama"},     {"vocab_size", 10},        {"hidden_size", 8},
           {"num_hidden_layers", 1},    {"num_attention_heads", 2}, {"num_key_value_heads", 1},
@@ -134,12 +151,8 @@ TEST_F(LoaderTest, HeaderLengthPastEnd) {
 
 TEST_F(LoaderTest, OffsetsOutOfRange) {
   auto tensors = tiny_llama_tensors();
-  json header = json::object();
-  size_t off = 0;
-  for (auto& t : tensors) {
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
-    off += t.bytes.size();
-  }
+  json header = header_of(tensors);
+  const size_t off = data_size(tensors);
   header["model.norm.weight"]["data_offsets"] = {off, off + 32};
   write_safetensors(model_file(), tensors, header.dump());
   expect_error({"model.norm.weight", "out of range"});
@@ -147,12 +160,7 @@ TEST_F(LoaderTest, OffsetsOutOfRange) {
 
 TEST_F(LoaderTest, OverlappingOffsets) {
   auto tensors = tiny_llama_tensors();
-  json header = json::object();
-  size_t off = 0;
-  for (auto& t : tensors) {
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
-    off += t.bytes.size();
-  }
+  json header = header_of(tensors);
   header["model.norm.weight"]["data_offsets"] = {0, 32};  // inside the embedding's bytes
   write_safetensors(model_file(), tensors, header.dump());
   expect_error({"overlap", "model.norm.weight"});
@@ -160,12 +168,7 @@ TEST_F(LoaderTest, OverlappingOffsets) {
 
 TEST_F(LoaderTest, OffsetsDisagreeWithShape) {
   auto tensors = tiny_llama_tensors();
-  json header = json::object();
-  size_t off = 0;
-  for (auto& t : tensors) {
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
-    off += t.bytes.size();
-  }
+  json header = header_of(tensors);
   header["model.norm.weight"]["shape"] = {9};
   write_safetensors(model_file(), tensors, header.dump());
   expect_error({"model.norm.weight", "need"});
