@@ -9,7 +9,12 @@ std::vector<GpuInfo> list_gpus(std::string* why_none) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    if (why_none) *why_none = std::string("CUDA reports: ") + cudaGetErrorString(err);
+    if (why_none) {
+      // Without a driver the runtime says "driver version is insufficient": name the likely cause.
+      const bool no_driver = err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice;
+      *why_none = std::string(no_driver ? "no NVIDIA driver or GPU found" : "CUDA error") + " (CUDA: " +
+                  cudaGetErrorString(err) + ")";
+    }
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return gpus;
   }
