@@ -195,6 +195,15 @@ class HttpServer {
                   const std::function<bool(size_t, RequestOutput&)>& on_output, const std::function<bool()>& on_idle,
                   const Clock::time_point* last_sent, std::optional<Clock::time_point> deadline = std::nullopt);
   void record_aborted(const std::vector<RequestStream>& streams, const std::vector<ChoiceTiming>& timings);
+  // The end of an OpenAI SSE response, shared by chat and text completions: pump the streams
+  // (pinging while quiet), then the usage chunk when one was asked for, then [DONE]. A request
+  // that fails after streaming began gets a `data: {"error": ...}` line. Returns false when the
+  // client is gone.
+  bool run_openai_stream(std::vector<RequestStream>& streams, std::vector<ChoiceTiming>& timings,
+                         const std::function<bool(size_t, RequestOutput&)>& on_output,
+                         const std::function<bool(const std::string&)>& write, const Clock::time_point* last_sent,
+                         httplib::DataSink& sink, const std::function<std::optional<Json>()>& usage_chunk_if_asked,
+                         const std::function<UsageCounts()>& usage);
 
   // A non-streaming reply. The generation is pumped in the handler for one ping interval: most
   // requests end by then and get a plain response with the right status. Longer ones continue
@@ -729,6 +738,30 @@ void set_sse_headers(httplib::Response& res) {
 
 }  // namespace
 
+bool HttpServer::run_openai_stream(std::vector<RequestStream>& streams, std::vector<ChoiceTiming>& timings,
+                                   const std::function<bool(size_t, RequestOutput&)>& on_output,
+                                   const std::function<bool(const std::string&)>& write,
+                                   const Clock::time_point* last_sent, httplib::DataSink& sink,
+                                   const std::function<std::optional<Json>()>& usage_chunk_if_asked,
+                                   const std::function<UsageCounts()>& usage) {
+  try {
+    if (pump(streams, timings, on_output, [&] { return write(kSsePing); }, last_sent) != PumpResult::Finished) {
+      record_aborted(streams, timings);
+      return false;
+    }
+  } catch (const ApiError& e) {
+    write(sse_data(openai_error_body(e)));
+    write(kSseDone);
+    sink.done();
+    return true;
+  }
+  t_access_log.completion_tokens = usage().completion_tokens;
+  if (const std::optional<Json> chunk = usage_chunk_if_asked(); chunk && !write(sse_data(*chunk))) return false;
+  if (!write(kSseDone)) return false;
+  sink.done();
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // POST /v1/chat/completions
 
@@ -862,23 +895,9 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
           }
           return true;
         };
-        try {
-          if (pump(*streams_ptr, timings, on_output, [&] { return write(kSsePing); }, &last_sent) != PumpResult::Finished) {
-            record_aborted(*streams_ptr, timings);
-            return false;
-          }
-        } catch (const ApiError& e) {
-          write(sse_data(openai_error_body(e)));
-          write(kSseDone);
-          sink.done();
-          return true;
-        }
-        const UsageCounts usage = st->usage();
-        t_access_log.completion_tokens = usage.completion_tokens;
-        if (st->include_usage && !write(sse_data(usage_chunk(st->meta, "chat.completion.chunk", usage)))) return false;
-        if (!write(kSseDone)) return false;
-        sink.done();
-        return true;
+        return run_openai_stream(*streams_ptr, timings, on_output, write, &last_sent, sink, [&] {
+          return st->include_usage ? std::optional(usage_chunk(st->meta, "chat.completion.chunk", st->usage())) : std::nullopt;
+        }, [&] { return st->usage(); });
       },
       [streams_ptr](bool) {
         for (RequestStream& s : *streams_ptr) s.cancel();
@@ -1029,23 +1048,9 @@ void HttpServer::handle_completions(const httplib::Request& req, httplib::Respon
           }
           return true;
         };
-        try {
-          if (pump(*streams_ptr, timings, on_output, [&] { return write(kSsePing); }, &last_sent) != PumpResult::Finished) {
-            record_aborted(*streams_ptr, timings);
-            return false;
-          }
-        } catch (const ApiError& e) {
-          write(sse_data(openai_error_body(e)));
-          write(kSseDone);
-          sink.done();
-          return true;
-        }
-        const UsageCounts usage = st->usage();
-        t_access_log.completion_tokens = usage.completion_tokens;
-        if (st->include_usage && !write(sse_data(usage_chunk(st->meta, "text_completion", usage)))) return false;
-        if (!write(kSseDone)) return false;
-        sink.done();
-        return true;
+        return run_openai_stream(*streams_ptr, timings, on_output, write, &last_sent, sink, [&] {
+          return st->include_usage ? std::optional(usage_chunk(st->meta, "text_completion", st->usage())) : std::nullopt;
+        }, [&] { return st->usage(); });
       },
       [streams_ptr](bool) {
         for (RequestStream& s : *streams_ptr) s.cancel();
