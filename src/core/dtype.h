@@ -1,4 +1,10 @@
-// Element types of weights on disk and the conversions the kernels use.
+// Element types of weights: plain floats and the ggml block formats, with the traits that say
+// how many bytes a row of each takes, and the conversions the kernels use.
+//
+// A block format stores a row as consecutive blocks of block_elems weights in block_bytes bytes
+// (quantized values and their scales together), bit for bit as ggml lays them out, so a GGUF
+// file's bytes are used as they are, by the CPU and the CUDA kernels alike. Plain floats are
+// blocks of one element. Written to C++17: CUDA sources include it.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -6,17 +12,56 @@
 
 namespace spill {
 
-enum class DType : uint8_t { F32, BF16, F16 };
+enum class DType : uint8_t {
+  F32,
+  F16,
+  BF16,
+  Q8_0,    // 32 weights: f16 scale + 32 x int8
+  Q6_K,    // 256 weights: 6-bit, 16 int8 sub-block scales, f16 super-scale
+  Q5_K,    // 256 weights: 5-bit, 8 x 6-bit scale/min pairs, f16 scale and min
+  Q4_K,    // 256 weights: 4-bit, 8 x 6-bit scale/min pairs, f16 scale and min
+  Q3_K,    // 256 weights: 3-bit (2 low bits + high-bit mask), 16 x 6-bit scales, f16 super-scale
+  Q2_K,    // 256 weights: 2-bit, 16 x (4-bit scale, 4-bit min), f16 scale and min
+  IQ4_XS,  // 256 weights: 4-bit indices into a non-linear table, 8 x 6-bit scales, f16 super-scale
+  MXFP4,   // 32 weights: e8m0 shared exponent + 32 x fp4 (e2m1), as gpt-oss stores its experts
+};
+constexpr int kNumDTypes = 11;
 
-constexpr size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
-constexpr std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-  }
-  return "?";
+struct DTypeTraits {
+  std::string_view name;  // as spill and ggml print it: "F32", "Q4_K", ...
+  int32_t block_elems;    // weights per block (1 for plain floats)
+  int32_t block_bytes;    // bytes per block
+  int32_t ggml_type;      // the type id a GGUF file stores (enum ggml_type)
+  bool is_float;          // plain F32/F16/BF16: one element per block, no scales
+};
+
+constexpr DTypeTraits kDTypeTraits[kNumDTypes] = {
+    {"F32", 1, 4, 0, true},       {"F16", 1, 2, 1, true},     {"BF16", 1, 2, 30, true},
+    {"Q8_0", 32, 34, 8, false},   {"Q6_K", 256, 210, 14, false}, {"Q5_K", 256, 176, 13, false},
+    {"Q4_K", 256, 144, 12, false}, {"Q3_K", 256, 110, 11, false}, {"Q2_K", 256, 84, 10, false},
+    {"IQ4_XS", 256, 136, 23, false}, {"MXFP4", 32, 17, 39, false},
+};
+
+constexpr const DTypeTraits& dtype_traits(DType t) { return kDTypeTraits[static_cast<int>(t)]; }
+constexpr std::string_view dtype_name(DType t) { return dtype_traits(t).name; }
+constexpr bool dtype_is_float(DType t) { return dtype_traits(t).is_float; }
+constexpr int64_t dtype_block_elems(DType t) { return dtype_traits(t).block_elems; }
+
+// Whether a row of `cols` weights can be stored in this type (whole blocks only).
+constexpr bool row_fits(DType t, int64_t cols) { return cols >= 0 && cols % dtype_traits(t).block_elems == 0; }
+// Bytes of one row of `cols` weights; cols must be a whole number of blocks (row_fits).
+constexpr int64_t row_bytes(DType t, int64_t cols) {
+  return cols / dtype_traits(t).block_elems * dtype_traits(t).block_bytes;
 }
+// Bits per weight, scales included (4.5 for Q4_K, 8.5 for Q8_0).
+constexpr double dtype_bits_per_weight(DType t) {
+  return 8.0 * dtype_traits(t).block_bytes / dtype_traits(t).block_elems;
+}
+
+// Parses a name as dtype_name prints it, case-insensitively ("q4_k", "BF16"); false if unknown.
+bool parse_dtype_name(std::string_view s, DType& out);
+// The DType of a ggml type id; false for ids spill does not support.
+bool dtype_from_ggml_type(int64_t ggml_type, DType& out);
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;

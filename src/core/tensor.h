@@ -1,4 +1,6 @@
-// A non-owning view of a weight tensor: where its bytes are, their type and shape.
+// A non-owning view of a weight tensor: where its bytes are, their type and shape. Shapes count
+// weights; bytes follow from the type's row size, so block formats (Q4_K, ...) slice by rows too.
+// Where the bytes live (VRAM, pinned host, a mapped file) is not the view's business.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -19,10 +21,18 @@ struct TensorView {
     for (int i = 0; i < ndim; ++i) n *= shape[i];
     return n;
   }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
   bool empty() const { return data == nullptr; }
-  int64_t rows() const { return ndim >= 2 ? numel() / shape[ndim - 1] : 1; }
+  int64_t rows() const {
+    int64_t n = 1;
+    for (int i = 0; i + 1 < ndim; ++i) n *= shape[i];
+    return n;
+  }
   int64_t cols() const { return ndim >= 1 ? shape[ndim - 1] : 1; }
+  // Bytes of one row (the contiguous last dimension), scales included.
+  int64_t row_bytes() const { return spill::row_bytes(dtype, cols()); }
+  size_t nbytes() const { return size_t(rows()) * size_t(row_bytes()); }
+  // Row r's first byte.
+  const uint8_t* row_data(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
   // Slice along the first dimension (expert e of a fused [E, ...] tensor).
   TensorView slice0(int64_t i) const {
     TensorView v = *this;

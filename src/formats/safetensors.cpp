@@ -110,9 +110,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_uniq
     if (begin > end || end > data_size)
       fail("{}: tensor '{}': data_offsets [{}, {}] are out of range (data section is {} bytes)", path, name, begin, end,
            data_size);
-    if (end - begin != numel * dtype_size(t.dtype))
+    if (end - begin != numel * uint64_t(dtype_traits(t.dtype).block_bytes))
       fail("{}: tensor '{}': data_offsets cover {} bytes but dtype {} and shape {} need {}", path, name, end - begin,
-           dtype_name(t.dtype), shape_str(t), numel * dtype_size(t.dtype));
+           dtype_name(t.dtype), shape_str(t), numel * uint64_t(dtype_traits(t.dtype).block_bytes));
     t.data = base + data_begin + begin;
     ranges.push_back({size_t(begin), size_t(end), name});
     tensors_.emplace(name, t);

@@ -140,7 +140,7 @@ class WeightResolver {
       x.gate = gu;
       x.gate.shape[0] = I;
       x.up = x.gate;
-      x.up.data = static_cast<const char*>(gu.data) + size_t(I * H) * dtype_size(gu.dtype);
+      x.up.data = gu.row_data(I);
       x.down = down.slice0(e);
     }
   }
@@ -148,7 +148,10 @@ class WeightResolver {
   // [E, R, C] -> [E, C, R], same dtype, owned by the model.
   TensorView transposed_copy(const TensorView& t) {
     const int64_t E = t.shape[0], R = t.shape[1], C = t.shape[2];
-    const size_t es = dtype_size(t.dtype);
+    if (!dtype_is_float(t.dtype))
+      fail("{}: a fused expert tensor stored transposed must be F32, BF16 or F16, not {}", store_.dir(),
+           dtype_name(t.dtype));
+    const size_t es = size_t(dtype_traits(t.dtype).block_bytes);
     auto buf = std::make_unique<uint8_t[]>(t.nbytes());
     const auto* src = static_cast<const uint8_t*>(t.data);
     for (int64_t e = 0; e < E; ++e)

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "core/error.h"
 
 namespace spill::cpu {
 
@@ -101,6 +102,7 @@ void load_row(const TensorView& w, int64_t row, float* out) {
       for (int64_t i = 0; i < K; ++i) out[i] = f16_to_f32(p[i]);
       break;
     }
+    default: fail("the CPU backend cannot read {} weights yet", dtype_name(w.dtype));
   }
 }
 
@@ -110,6 +112,7 @@ float dot_row(const float* x, const TensorView& w, int64_t row) {
     case DType::F32: return dot_f32(x, static_cast<const float*>(w.data) + row * K, K);
     case DType::BF16: return dot_bf16(x, static_cast<const uint16_t*>(w.data) + row * K, K);
     case DType::F16: return dot_f16(x, static_cast<const uint16_t*>(w.data) + row * K, K);
+    default: fail("the CPU backend cannot read {} weights yet", dtype_name(w.dtype));
   }
   return 0;
 }
