@@ -56,7 +56,7 @@ void run_info(const std::string& model_dir) {
   const int64_t active = total_params - expert_params +
                          (s.n_experts ? expert_params / s.n_experts * s.n_experts_per_token : 0);
 
-  fmt::print("model          {}\n", model->dir());
+  fmt::print("model          {}\n", model->where());
   fmt::print("architecture   {} ({} layers, hidden {}, {} heads / {} KV heads x {}, vocab {})\n", s.model_type,
              s.n_layers, s.hidden_size, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab_size);
   if (s.n_experts)

@@ -1,5 +1,5 @@
-// Maps checkpoint tensor names to weight roles, per architecture, and checks every shape
-// against config.json. This is the only place that knows Hugging Face tensor names.
+// The one role resolver: asks a WeightSource for every weight role the spec implies and checks each
+// shape against the configuration. Tensor names belong to the sources (safetensors_source.cpp, ...).
 #include "model/model.h"
 
 #include <cstring>
@@ -10,39 +10,44 @@ namespace spill {
 
 class WeightResolver {
  public:
-  WeightResolver(Model& model) : m_(model), spec_(model.spec_), store_(model.store_) {}
+  WeightResolver(Model& model) : m_(model), spec_(model.spec_), src_(*model.source_) {}
 
   void resolve() {
-    m_.embed = tensor("model.embed_tokens.weight", {spec_.vocab_size, spec_.hidden_size});
-    m_.final_norm = tensor("model.norm.weight", {spec_.hidden_size});
-    if (spec_.tie_word_embeddings || !store_.find("lm_head.weight")) {
+    m_.embed = tensor({WeightRole::Embed}, {spec_.vocab_size, spec_.hidden_size});
+    m_.final_norm = tensor({WeightRole::FinalNorm}, {spec_.hidden_size});
+    const bool has_head = src_.find({WeightRole::LmHead}) != nullptr;
+    if (spec_.tie_word_embeddings || !has_head) {
       if (!spec_.tie_word_embeddings)
-        fail("{}: missing tensor 'lm_head.weight' (config.json says tie_word_embeddings is false)", store_.dir());
+        fail("{} is missing, and the model's configuration says the LM head is not tied to the embedding",
+             src_.describe({WeightRole::LmHead}));
       m_.lm_head = m_.embed;
     } else {
-      m_.lm_head = tensor("lm_head.weight", {spec_.vocab_size, spec_.hidden_size});
+      m_.lm_head = tensor({WeightRole::LmHead}, {spec_.vocab_size, spec_.hidden_size});
     }
     m_.layers.resize(static_cast<size_t>(spec_.n_layers));
-    for (int64_t l = 0; l < spec_.n_layers; ++l) resolve_layer(l, m_.layers[size_t(l)]);
+    for (int64_t l = 0; l < spec_.n_layers; ++l) resolve_layer(int32_t(l), m_.layers[size_t(l)]);
   }
 
  private:
   Model& m_;
   const ModelSpec& spec_;
-  const WeightStore& store_;
+  const WeightSource& src_;
 
-  TensorView tensor(const std::string& name, std::initializer_list<int64_t> shape) {
-    const TensorView& t = store_.get(name);
-    check_shape(name, t, shape);
-    return t;
-  }
-  TensorView optional_tensor(const std::string& name, std::initializer_list<int64_t> shape) {
-    const TensorView* t = store_.find(name);
-    if (!t) return {};
-    check_shape(name, *t, shape);
+  TensorView tensor(const WeightKey& key, std::initializer_list<int64_t> shape) {
+    const TensorView* t = src_.find(key);
+    if (!t)
+      fail("{}: missing (the {} of layer {}; the checkpoint is incomplete or not of the architecture its "
+           "configuration names)", src_.describe(key), weight_role_name(key.role), key.layer);
+    check_shape(key, *t, shape);
     return *t;
   }
-  void check_shape(const std::string& name, const TensorView& t, std::initializer_list<int64_t> shape) {
+  TensorView optional_tensor(const WeightKey& key, std::initializer_list<int64_t> shape) {
+    const TensorView* t = src_.find(key);
+    if (!t) return {};
+    check_shape(key, *t, shape);
+    return *t;
+  }
+  void check_shape(const WeightKey& key, const TensorView& t, std::initializer_list<int64_t> shape) {
     bool ok = t.ndim == int(shape.size());
     int d = 0;
     for (int64_t s : shape) ok = ok && t.shape[d++] == s;
@@ -50,129 +55,137 @@ class WeightResolver {
       std::string want = "[";
       d = 0;
       for (int64_t s : shape) want += (d++ ? ", " : "") + std::to_string(s);
-      fail("{}: tensor '{}' has shape {} but config.json implies {}", store_.file_of(name), name, shape_str(t),
-           want + "]");
+      fail("{} has shape {} but the model's configuration (config.json) implies {}", src_.describe(key),
+           shape_str(t), want + "]");
     }
+    if (!row_fits(t.dtype, t.cols()))
+      fail("{}: rows of {} weights are not whole {} blocks of {}", src_.describe(key), t.cols(),
+           dtype_name(t.dtype), dtype_block_elems(t.dtype));
   }
 
-  void resolve_layer(int64_t l, LayerWeights& w) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+  void resolve_layer(int32_t l, LayerWeights& w) {
     const int64_t H = spec_.hidden_size, Q = spec_.q_dim(), KV = spec_.kv_dim();
-    w.attn_norm = tensor(p + "input_layernorm.weight", {H});
-    w.mlp_norm = tensor(p + "post_attention_layernorm.weight", {H});
-    w.q = tensor(p + "self_attn.q_proj.weight", {Q, H});
-    w.k = tensor(p + "self_attn.k_proj.weight", {KV, H});
-    w.v = tensor(p + "self_attn.v_proj.weight", {KV, H});
-    w.o = tensor(p + "self_attn.o_proj.weight", {H, Q});
+    auto key = [l](WeightRole r) { return WeightKey{r, l}; };
+    w.attn_norm = tensor(key(WeightRole::AttnNorm), {H});
+    w.mlp_norm = tensor(key(WeightRole::MlpNorm), {H});
+    w.q = tensor(key(WeightRole::Q), {Q, H});
+    w.k = tensor(key(WeightRole::K), {KV, H});
+    w.v = tensor(key(WeightRole::V), {KV, H});
+    w.o = tensor(key(WeightRole::O), {H, Q});
     if (spec_.attention_bias) {
-      w.q_bias = tensor(p + "self_attn.q_proj.bias", {Q});
-      w.k_bias = tensor(p + "self_attn.k_proj.bias", {KV});
-      w.v_bias = tensor(p + "self_attn.v_proj.bias", {KV});
-      w.o_bias = optional_tensor(p + "self_attn.o_proj.bias", {H});
+      w.q_bias = tensor(key(WeightRole::QBias), {Q});
+      w.k_bias = tensor(key(WeightRole::KBias), {KV});
+      w.v_bias = tensor(key(WeightRole::VBias), {KV});
+      w.o_bias = optional_tensor(key(WeightRole::OBias), {H});
     }
     switch (spec_.qk_norm) {
       case QkNorm::None: break;
       case QkNorm::PerHead:
-        w.q_norm = tensor(p + "self_attn.q_norm.weight", {spec_.head_dim});
-        w.k_norm = tensor(p + "self_attn.k_norm.weight", {spec_.head_dim});
+        w.q_norm = tensor(key(WeightRole::QNorm), {spec_.head_dim});
+        w.k_norm = tensor(key(WeightRole::KNorm), {spec_.head_dim});
         break;
       case QkNorm::WholeProjection:
-        w.q_norm = tensor(p + "self_attn.q_norm.weight", {Q});
-        w.k_norm = tensor(p + "self_attn.k_norm.weight", {KV});
+        w.q_norm = tensor(key(WeightRole::QNorm), {Q});
+        w.k_norm = tensor(key(WeightRole::KNorm), {KV});
         break;
     }
     if (!spec_.layer_is_moe[size_t(l)]) {
       const int64_t I = spec_.intermediate_size;
-      w.dense.gate = tensor(p + "mlp.gate_proj.weight", {I, H});
-      w.dense.up = tensor(p + "mlp.up_proj.weight", {I, H});
-      w.dense.down = tensor(p + "mlp.down_proj.weight", {H, I});
+      w.dense.gate = tensor(key(WeightRole::DenseGate), {I, H});
+      w.dense.up = tensor(key(WeightRole::DenseUp), {I, H});
+      w.dense.down = tensor(key(WeightRole::DenseDown), {H, I});
       return;
     }
-    resolve_experts(p, w);
+    resolve_experts(l, w);
   }
 
-  // Routed experts come in two layouts: one tensor per expert (the Hub's checkpoints), or
-  // fused 3-D tensors over all experts (transformers 5's in-memory layout, which it also saves).
-  void resolve_experts(const std::string& p, LayerWeights& w) {
+  // Routed experts come one tensor per expert (the Hub's checkpoints), fused gate+up and down over
+  // all experts (transformers 5, which also saves them so), or fused gate, up and down (GGUF).
+  void resolve_experts(int32_t l, LayerWeights& w) {
     const int64_t E = spec_.n_experts, I = spec_.moe_intermediate_size, H = spec_.hidden_size;
-    // Mixtral checkpoints say block_sparse_moe with w1 (gate), w3 (up), w2 (down).
-    const bool mixtral_names = store_.find(p + "block_sparse_moe.gate.weight") != nullptr;
-    const std::string moe = p + (mixtral_names ? "block_sparse_moe." : "mlp.");
-    w.router = tensor(moe + "gate.weight", {E, H});
+    w.router = tensor({WeightRole::Router, l}, {E, H});
     w.experts.resize(static_cast<size_t>(E));
-    if (store_.find(moe + "experts.gate_up_proj") || store_.find(moe + "experts.gate_up_proj.weight")) {
-      resolve_fused(moe, w);
+    if (src_.find({WeightRole::ExpertsGateUp, l})) {
+      TensorView gate_up = fused({WeightRole::ExpertsGateUp, l}, 2 * I, H);
+      for (int64_t e = 0; e < E; ++e) {
+        TensorView gu = gate_up.slice0(e);  // [2I, H]: gate rows first, then up rows
+        ExpertWeights& x = w.experts[size_t(e)];
+        x.gate = gu;
+        x.gate.shape[0] = I;
+        x.up = x.gate;
+        x.up.data = gu.row_data(I);
+      }
+    } else if (src_.find({WeightRole::ExpertsGate, l})) {
+      const TensorView gate = fused({WeightRole::ExpertsGate, l}, I, H);
+      const TensorView up = fused({WeightRole::ExpertsUp, l}, I, H);
+      for (int64_t e = 0; e < E; ++e) {
+        w.experts[size_t(e)].gate = gate.slice0(e);
+        w.experts[size_t(e)].up = up.slice0(e);
+      }
+    } else {
+      for (int32_t e = 0; e < int32_t(E); ++e) {
+        w.experts[size_t(e)].gate = tensor({WeightRole::ExpertGate, l, e}, {I, H});
+        w.experts[size_t(e)].up = tensor({WeightRole::ExpertUp, l, e}, {I, H});
+        w.experts[size_t(e)].down = tensor({WeightRole::ExpertDown, l, e}, {H, I});
+      }
       return;
     }
-    const char* gate = mixtral_names ? "w1" : "gate_proj";
-    const char* up = mixtral_names ? "w3" : "up_proj";
-    const char* down = mixtral_names ? "w2" : "down_proj";
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = moe + "experts." + std::to_string(e) + ".";
-      w.experts[size_t(e)].gate = tensor(x + gate + ".weight", {I, H});
-      w.experts[size_t(e)].up = tensor(x + up + ".weight", {I, H});
-      w.experts[size_t(e)].down = tensor(x + down + ".weight", {H, I});
-    }
+    const TensorView down = fused({WeightRole::ExpertsDown, l}, H, I);
+    for (int64_t e = 0; e < E; ++e) w.experts[size_t(e)].down = down.slice0(e);
   }
 
-  void resolve_fused(const std::string& moe, LayerWeights& w) {
-    const int64_t E = spec_.n_experts, I = spec_.moe_intermediate_size, H = spec_.hidden_size;
-    auto named = [&](const std::string& base) {
-      return store_.find(base) ? base : base + ".weight";
-    };
-    const std::string gu_name = named(moe + "experts.gate_up_proj");
-    const std::string down_name = named(moe + "experts.down_proj");
-    TensorView gate_up = store_.get(gu_name);
-    TensorView down = store_.get(down_name);
-    // Orientation from the shapes: [E, 2I, H] (rows are outputs, as spill's matmul wants) or
-    // [E, H, 2I] (transposed; copied once here). When H == 2I the shape cannot tell, and the
-    // transformers 5 orientation [E, 2I, H] is assumed.
-    if (gate_up.ndim == 3 && gate_up.shape[0] == E && gate_up.shape[1] == H && gate_up.shape[2] == 2 * I &&
-        H != 2 * I)
-      gate_up = transposed_copy(gate_up);
-    check_shape(gu_name, gate_up, {E, 2 * I, H});
-    if (down.ndim == 3 && down.shape[0] == E && down.shape[1] == I && down.shape[2] == H && H != I)
-      down = transposed_copy(down);
-    check_shape(down_name, down, {E, H, I});
-    for (int64_t e = 0; e < E; ++e) {
-      TensorView gu = gate_up.slice0(e);  // [2I, H]: gate rows first, then up rows
-      ExpertWeights& x = w.experts[size_t(e)];
-      x.gate = gu;
-      x.gate.shape[0] = I;
-      x.up = x.gate;
-      x.up.data = gu.row_data(I);
-      x.down = down.slice0(e);
-    }
+  // A fused [E, rows, cols] tensor (rows are outputs, as spill's matmul wants). Stored transposed,
+  // [E, cols, rows], it is copied once here; when rows == cols the shape cannot tell, and the
+  // [E, rows, cols] orientation of transformers 5 and GGUF is assumed.
+  TensorView fused(const WeightKey& key, int64_t rows, int64_t cols) {
+    const int64_t E = spec_.n_experts;
+    const TensorView* found = src_.find(key);
+    if (!found) fail("{}: missing (the {} of layer {})", src_.describe(key), weight_role_name(key.role), key.layer);
+    TensorView t = *found;
+    if (t.ndim == 3 && t.shape[0] == E && t.shape[1] == cols && t.shape[2] == rows && rows != cols)
+      t = transposed_copy(key, t);
+    check_shape(key, t, {E, rows, cols});
+    return t;
   }
 
   // [E, R, C] -> [E, C, R], same dtype, owned by the model.
-  TensorView transposed_copy(const TensorView& t) {
+  TensorView transposed_copy(const WeightKey& key, const TensorView& t) {
     const int64_t E = t.shape[0], R = t.shape[1], C = t.shape[2];
     if (!dtype_is_float(t.dtype))
-      fail("{}: a fused expert tensor stored transposed must be F32, BF16 or F16, not {}", store_.dir(),
+      fail("{}: a fused expert tensor stored transposed must be F32, BF16 or F16, not {}", src_.describe(key),
            dtype_name(t.dtype));
     const size_t es = size_t(dtype_traits(t.dtype).block_bytes);
-    auto buf = std::make_unique<uint8_t[]>(t.nbytes());
+    uint8_t* buf = m_.own_bytes(t.nbytes());
     const auto* src = static_cast<const uint8_t*>(t.data);
     for (int64_t e = 0; e < E; ++e)
       for (int64_t r = 0; r < R; ++r)
         for (int64_t c = 0; c < C; ++c)
-          std::memcpy(buf.get() + ((e * C + c) * R + r) * es, src + ((e * R + r) * C + c) * es, es);
+          std::memcpy(buf + ((e * C + c) * R + r) * es, src + ((e * R + r) * C + c) * es, es);
     TensorView out = t;
     out.shape[1] = C;
     out.shape[2] = R;
-    out.data = buf.get();
-    m_.owned_.push_back(std::move(buf));
+    out.data = buf;
     return out;
   }
 };
 
-std::unique_ptr<Model> Model::load(const std::string& dir) {
+uint8_t* Model::own_bytes(size_t n) {
+  owned_.push_back(std::make_unique<uint8_t[]>(n));
+  return owned_.back().get();
+}
+
+std::unique_ptr<Model> Model::from_source(ModelSpec spec, std::unique_ptr<WeightSource> source) {
   auto model = std::make_unique<Model>();
-  model->spec_ = load_model_spec(dir);
-  model->store_ = WeightStore::open_folder(dir);
+  model->spec_ = std::move(spec);
+  model->source_ = std::move(source);
   WeightResolver(*model).resolve();
   return model;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir) {
+  ModelSpec spec = load_model_spec(dir);
+  auto source = open_safetensors_source(dir, spec);
+  return from_source(std::move(spec), std::move(source));
 }
 
 }  // namespace spill

@@ -6,7 +6,7 @@
 
 #include "core/tensor.h"
 #include "formats/model_spec.h"
-#include "formats/safetensors.h"
+#include "model/weight_source.h"
 
 namespace spill {
 
@@ -30,13 +30,19 @@ struct LayerWeights {
 
 class Model {
  public:
-  // Loads <dir>/config.json and the safetensors weights, checks every shape against the
-  // config. Throws spill::Error naming the file, tensor or field on any problem.
+  // Loads a Hugging Face folder (<dir>/config.json and its safetensors weights) and checks every
+  // shape against the config. Throws spill::Error naming the file, tensor or field on any problem.
   static std::unique_ptr<Model> load(const std::string& dir);
+  // Resolves every weight role of `spec` from any source (GGUF file, synthetic generator, ...).
+  static std::unique_ptr<Model> from_source(ModelSpec spec, std::unique_ptr<WeightSource> source);
 
   const ModelSpec& spec() const { return spec_; }
-  const WeightStore& store() const { return store_; }
-  const std::string& dir() const { return store_.dir(); }
+  const WeightSource& source() const { return *source_; }
+  // The folder or file the weights came from.
+  const std::string& where() const { return source_->where(); }
+  // Bytes owned by the model for weights made at load (a transposed copy, a quantized copy); they
+  // live as long as the model.
+  uint8_t* own_bytes(size_t n);
 
   TensorView embed;       // [vocab, hidden]
   TensorView final_norm;  // [hidden]
@@ -45,8 +51,7 @@ class Model {
 
  private:
   ModelSpec spec_;
-  WeightStore store_;
-  // Copies made at load only when a checkpoint stores a fused expert tensor transposed.
+  std::unique_ptr<WeightSource> source_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
   friend class WeightResolver;
 };

@@ -1,0 +1,58 @@
+// Where a model's tensors come from. The one role resolver (model.cpp) asks a source for each
+// weight by its role; only the source knows its format's tensor names and files, so the forward
+// and the runners never know whether a tensor came from a safetensors folder, a GGUF file or a
+// synthetic generator.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "formats/model_spec.h"
+
+namespace spill {
+
+enum class WeightRole : uint8_t {
+  Embed,      // [vocab, hidden]
+  FinalNorm,  // [hidden]
+  LmHead,     // [vocab, hidden]; absent when tied to the embedding
+  AttnNorm, Q, K, V, O, QBias, KBias, VBias, OBias, QNorm, KNorm,
+  MlpNorm,
+  DenseGate, DenseUp, DenseDown,  // dense SwiGLU MLP
+  Router,                         // [n_experts, hidden]
+  // One routed expert's matrices (WeightKey::expert set): gate/up [I, H], down [H, I].
+  ExpertGate, ExpertUp, ExpertDown,
+  // All routed experts of a layer in one 3-D tensor [E, rows, cols]; a source offers these when it
+  // stores experts fused. ExpertsGateUp is [E, 2I, H] with each expert's gate rows before its up rows.
+  // A source may hand a fused tensor transposed ([E, H, I] for gate/up); the resolver tells from the shapes.
+  ExpertsGate, ExpertsUp, ExpertsDown, ExpertsGateUp,
+};
+
+const char* weight_role_name(WeightRole role);
+
+struct WeightKey {
+  WeightRole role;
+  int32_t layer = -1;   // -1 for model-level roles
+  int32_t expert = -1;  // only for ExpertGate/ExpertUp/ExpertDown
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // The folder or file the tensors come from, for messages.
+  virtual const std::string& where() const = 0;
+  // The view of a role, or nullptr when this source has no such tensor.
+  virtual const TensorView* find(const WeightKey& key) const = 0;
+  // The file and name a role would have in this source ("model-00002-of-00003.safetensors: tensor
+  // 'model.layers.3.mlp.gate.weight'"), for messages about it, present or not.
+  virtual std::string describe(const WeightKey& key) const = 0;
+  // Every tensor by this source's own names (spill info, spill dequant).
+  virtual const std::map<std::string, TensorView>& tensors() const = 0;
+};
+
+// A Hugging Face folder: config.json's architecture decides the tensor names (Mixtral's
+// block_sparse_moe.w1/w2/w3, everyone else's mlp.experts.N.gate_proj/...).
+std::unique_ptr<WeightSource> open_safetensors_source(const std::string& dir, const ModelSpec& spec);
+
+}  // namespace spill
