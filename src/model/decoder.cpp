@@ -128,7 +128,7 @@ void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, F
       router_logits.resize(static_cast<size_t>(n * E));
       expert_ids.resize(static_cast<size_t>(n * top_k));
       expert_weights.resize(static_cast<size_t>(n * top_k));
-      cpu::matmul(pool_, h.data(), n, w.router, router_logits.data());
+      cpu::matmul(pool_, h.data(), n, w.router, router_logits.data(), &w.router_bias);
       cpu::route_topk(router_logits.data(), n, E, top_k, spec_.norm_topk_prob, expert_ids.data(),
                       expert_weights.data());
       if (observer) observer->on_router(layer, n, top_k, expert_ids.data(), expert_weights.data());

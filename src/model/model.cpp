@@ -104,6 +104,7 @@ class WeightResolver {
   void resolve_experts(int32_t l, LayerWeights& w) {
     const int64_t E = spec_.n_experts, I = spec_.moe_intermediate_size, H = spec_.hidden_size;
     w.router = tensor({WeightRole::Router, l}, {E, H});
+    w.router_bias = optional_tensor({WeightRole::RouterBias, l}, {E});
     w.experts.resize(static_cast<size_t>(E));
     if (src_.find({WeightRole::ExpertsGateUp, l})) {
       TensorView gate_up = fused({WeightRole::ExpertsGateUp, l}, 2 * I, H);

@@ -25,6 +25,7 @@ struct LayerWeights {
   TensorView mlp_norm;                  // [hidden]
   ExpertWeights dense;                  // dense MLP (intermediate_size) when !spec.layer_is_moe[layer]
   TensorView router;                    // [n_experts, hidden]
+  TensorView router_bias;               // [n_experts] or empty
   std::vector<ExpertWeights> experts;   // n_experts views when spec.layer_is_moe[layer]
 };
 

@@ -27,6 +27,7 @@ const char* weight_role_name(WeightRole role) {
     case WeightRole::DenseUp: return "MLP up";
     case WeightRole::DenseDown: return "MLP down";
     case WeightRole::Router: return "router";
+    case WeightRole::RouterBias: return "router bias";
     case WeightRole::ExpertGate: return "expert gate";
     case WeightRole::ExpertUp: return "expert up";
     case WeightRole::ExpertDown: return "expert down";
@@ -109,7 +110,7 @@ class SafetensorsSource final : public WeightSource {
       }
       case WeightRole::ExpertsGateUp: return moe_prefix(p, mixtral) + "experts.gate_up_proj";
       case WeightRole::ExpertsDown: return moe_prefix(p, mixtral) + "experts.down_proj";
-      default: return {};  // ExpertsGate / ExpertsUp: Hugging Face fuses gate and up together
+      default: return {};  // roles Hugging Face checkpoints of these families do not have
     }
   }
 

@@ -21,6 +21,7 @@ enum class WeightRole : uint8_t {
   MlpNorm,
   DenseGate, DenseUp, DenseDown,  // dense SwiGLU MLP
   Router,                         // [n_experts, hidden]
+  RouterBias,                     // [n_experts], added to the router logits (gpt-oss; synthetic skew)
   // One routed expert's matrices (WeightKey::expert set): gate/up [I, H], down [H, I].
   ExpertGate, ExpertUp, ExpertDown,
   // All routed experts of a layer in one 3-D tensor [E, rows, cols]; a source offers these when it
