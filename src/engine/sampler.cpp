@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/philox.h"
 
 namespace spill {
 
@@ -35,13 +36,6 @@ struct MoreLikely {
     return sa > sb || (sa == sb && a < b);
   }
 };
-
-// A uniform double in [0, 1) from 53 random bits. Written out rather than using
-// std::uniform_real_distribution, whose algorithm differs between standard libraries: a seeded
-// request should give the same tokens on every build.
-double uniform01(std::mt19937_64& rng) {
-  return double(rng() >> 11) * 0x1.0p-53;
-}
 
 }  // namespace
 
@@ -80,7 +74,7 @@ void compute_logprobs(std::span<const float> logits, int32_t token, int32_t top_
 }
 
 SequenceSampler::SequenceSampler(const SamplingParams& params, std::span<const int32_t> prompt, uint64_t fallback_seed)
-    : params_(params), seed_(params.seed.value_or(fallback_seed)), rng_(seed_) {
+    : params_(params), seed_(params.seed.value_or(fallback_seed)) {
   if (params_.repetition_penalty != 1.0f) {
     prompt_tokens_.assign(prompt.begin(), prompt.end());
     std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
@@ -186,7 +180,7 @@ int32_t SequenceSampler::pick_random(std::span<float> scores, SamplerWorkspace& 
     }
   }
 
-  const double target = uniform01(rng_) * total;
+  const double target = philox_uniform01(seed_, n_sampled_) * total;
   double cumulative = 0.0;
   int32_t last_with_mass = cand.front();
   for (size_t i = 0; i < cand.size(); ++i) {
@@ -210,6 +204,7 @@ SampledToken SequenceSampler::sample(std::span<const float> logits, SamplerWorks
   out.token = token;
   if (params_.logprobs) compute_logprobs(logits, token, params_.top_logprobs, out);
   record(token);
+  ++n_sampled_;
   return out;
 }
 

@@ -15,13 +15,13 @@
 // temperature and truncation (vLLM's default "raw_logprobs"), so they do not depend on how the
 // token was picked.
 //
-// Reproducibility: each sequence owns its random stream (std::mt19937_64 seeded from the request),
-// and every non-greedy pick consumes exactly one 64-bit draw, so a seeded request produces the
-// same tokens whatever else runs in the batch (given the same logits).
+// Reproducibility: the draw for a sequence's n-th sampled token is Philox4x32-10 of (counter n,
+// key seed) (core/philox.h), a pure function of the request's seed and the token's index. A seeded
+// request produces the same tokens whatever else runs in the batch (given the same logits), and a
+// sampler on the GPU computes the same draws, so this one stays its exact reference.
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -89,7 +89,7 @@ class SequenceSampler {
 
   SamplingParams params_;
   uint64_t seed_;
-  std::mt19937_64 rng_;
+  uint64_t n_sampled_ = 0;  // tokens sampled so far: the Philox counter of the next draw
   // Distinct tokens of the prompt, sorted; kept only when repetition_penalty is on.
   std::vector<int32_t> prompt_tokens_;
   // Generated tokens: count per token, and the distinct ones in first-seen order (so that
