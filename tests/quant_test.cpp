@@ -232,3 +232,96 @@ TEST(Dot, ReportsItsKernelPath) {
 }
 
 }  // namespace
+
+// ---- quantizers ------------------------------------------------------------------------
+// (That they reach lower error than ggml's own quantizers on the same data is measured by
+// tools/bench/quant_rmse.cpp, which links ggml: docs/perf/quant-rmse-2026-12-01.md.)
+
+namespace {
+
+const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
+                             DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+
+double weighted_sq_error(DType t, const std::vector<float>& x, const std::vector<uint8_t>& q, const float* imp) {
+  std::vector<float> y(x.size());
+  spill::quant::dequantize_row(t, q.data(), y.data(), int64_t(x.size()));
+  double e = 0;
+  for (size_t i = 0; i < x.size(); ++i) e += (imp ? imp[i] : 1.0) * double(x[i] - y[i]) * double(x[i] - y[i]);
+  return e;
+}
+
+class QuantizeTest : public ::testing::TestWithParam<DType> {};
+
+// Importance steers the error to where it is cheap: the importance-weighted error of a row
+// quantized with its importance is below that of the same row quantized without.
+TEST_P(QuantizeTest, ImportanceLowersTheWeightedError) {
+  const DType t = GetParam();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 4096;
+  std::vector<float> x(static_cast<size_t>(n)), imp(static_cast<size_t>(n));
+  for (float& v : x) v = 0.02f * normal(rng);
+  for (float& v : imp) v = std::exp(2.0f * normal(rng));
+  std::vector<uint8_t> plain(size_t(spill::row_bytes(t, n))), weighted(plain.size());
+  spill::quant::quantize_row(t, x.data(), plain.data(), n);
+  spill::quant::quantize_row(t, x.data(), weighted.data(), n, imp.data());
+  EXPECT_LT(weighted_sq_error(t, x, weighted, imp.data()), weighted_sq_error(t, x, plain, imp.data()));
+  EXPECT_LT(weighted_sq_error(t, x, plain, nullptr), weighted_sq_error(t, x, weighted, nullptr))
+      << "without importance the plain error should be the one minimised";
+}
+
+// A row that some block encodes exactly (here: the dequantized values of a quantized row) must
+// come back at least as close as that encoding, i.e. (for these grids) almost exactly.
+TEST_P(QuantizeTest, RequantizingADequantizedRowLosesAlmostNothing) {
+  const DType t = GetParam();
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 1024;
+  std::vector<float> x(static_cast<size_t>(n)), y(x.size()), z(x.size());
+  for (float& v : x) v = 0.02f * normal(rng);
+  std::vector<uint8_t> q(size_t(spill::row_bytes(t, n))), q2(q.size());
+  spill::quant::quantize_row(t, x.data(), q.data(), n);
+  spill::quant::dequantize_row(t, q.data(), y.data(), n);
+  spill::quant::quantize_row(t, y.data(), q2.data(), n);
+  const double first = weighted_sq_error(t, x, q, nullptr), again = weighted_sq_error(t, y, q2, nullptr);
+  EXPECT_LT(again, 0.05 * first) << "re-quantizing values on the grid should nearly reproduce them";
+}
+
+TEST_P(QuantizeTest, AllZeroRowStaysZero) {
+  const DType t = GetParam();
+  const int64_t n = 512;
+  std::vector<float> x(static_cast<size_t>(n), 0.0f), y(x.size(), 1.0f);
+  std::vector<uint8_t> q(size_t(spill::row_bytes(t, n)));
+  spill::quant::quantize_row(t, x.data(), q.data(), n);
+  spill::quant::dequantize_row(t, q.data(), y.data(), n);
+  for (float v : y) ASSERT_EQ(v, 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, QuantizeTest, ::testing::ValuesIn(kBlockTypes),
+                         [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
+
+TEST(Quantize, FloatTypesRoundToNearest) {
+  const std::vector<float> x = {1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f, -0.0f};
+  std::vector<uint16_t> h(x.size()), b(x.size());
+  spill::quant::quantize_row(DType::F16, x.data(), h.data(), int64_t(x.size()));
+  spill::quant::quantize_row(DType::BF16, x.data(), b.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(h[i], spill::f32_to_f16(x[i]));
+    EXPECT_EQ(b[i], spill::f32_to_bf16(x[i]));
+  }
+}
+
+TEST(Quantize, RejectsBadInput) {
+  std::vector<float> x(256, 0.5f), imp(256, 1.0f);
+  std::vector<uint8_t> q(1024);
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q4_K, x.data(), q.data(), 255), spill::Error);
+  x[17] = NAN;
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q4_K, x.data(), q.data(), 256), spill::Error);
+  x[17] = 0.5f;
+  imp[3] = -1.0f;
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q6_K, x.data(), q.data(), 256, imp.data()), spill::Error);
+  x[0] = 1e9f;  // its scale would overflow f16
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q8_0, x.data(), q.data(), 256), spill::Error);
+}
+
+}  // namespace
