@@ -45,6 +45,7 @@ struct V {
 
 }  // namespace
 
+#define SPILL_QUANT_X86_UNPACK 1
 #include "quant/dot_kernels.h"
 
 namespace spill::quant::detail {

@@ -89,6 +89,60 @@ struct Unpacked {
   float m[16] = {};  // zero for formats without mins
 };
 
+// Byte-plane primitives the unpackers are built from, on 32 (or 16) bytes at a time: plain loops
+// for the scalar build, SSE/AVX2 in the x86 builds (SPILL_QUANT_X86_UNPACK). Integer results, so
+// the implementations agree exactly.
+#if defined(SPILL_QUANT_X86_UNPACK)
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline void store32(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+// lo[l] = p[l] & 15, hi[l] = p[l] >> 4
+inline void nibbles32(const uint8_t* p, int8_t* lo, int8_t* hi) {
+  const __m256i v = load32(p), m = _mm256_set1_epi8(0x0F);
+  store32(lo, _mm256_and_si256(v, m));
+  store32(hi, _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+}
+// q[l] = (p[l] >> shift) & 3
+inline void bits2_32(const uint8_t* p, int shift, int8_t* q) {
+  store32(q, _mm256_and_si256(_mm256_srl_epi16(load32(p), _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3)));
+}
+// q[l] += (((p[l] >> shift) & 3) << 4) + offset
+inline void add_bits2_x16(const uint8_t* p, int shift, int8_t offset, int8_t* q) {
+  __m256i t = _mm256_and_si256(_mm256_srl_epi16(load32(p), _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3));
+  t = _mm256_add_epi8(_mm256_slli_epi16(t, 4), _mm256_set1_epi8(offset));
+  store32(q, _mm256_add_epi8(load32(q), t));
+}
+// q[l] += bit `bit` of p[l] ? if_set : if_clear
+inline void add_if_bit32(const uint8_t* p, int bit, int8_t if_set, int8_t if_clear, int8_t* q) {
+  const __m256i b = _mm256_set1_epi8(char(1 << bit));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(load32(p), b), b);
+  const __m256i add = _mm256_blendv_epi8(_mm256_set1_epi8(if_clear), _mm256_set1_epi8(if_set), set);
+  store32(q, _mm256_add_epi8(load32(q), add));
+}
+// q[l] = table[p[l] & 15], q[l + 16] = table[p[l] >> 4] for 16 bytes p
+inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(table));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_shuffle_epi8(t, _mm_and_si128(v, m)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
+#else
+inline void nibbles32(const uint8_t* p, int8_t* lo, int8_t* hi) {
+  for (int l = 0; l < 32; ++l) lo[l] = int8_t(p[l] & 0xF), hi[l] = int8_t(p[l] >> 4);
+}
+inline void bits2_32(const uint8_t* p, int shift, int8_t* q) {
+  for (int l = 0; l < 32; ++l) q[l] = int8_t((p[l] >> shift) & 3);
+}
+inline void add_bits2_x16(const uint8_t* p, int shift, int8_t offset, int8_t* q) {
+  for (int l = 0; l < 32; ++l) q[l] = int8_t(q[l] + (((p[l] >> shift) & 3) << 4) + offset);
+}
+inline void add_if_bit32(const uint8_t* p, int bit, int8_t if_set, int8_t if_clear, int8_t* q) {
+  for (int l = 0; l < 32; ++l) q[l] = int8_t(q[l] + (((p[l] >> bit) & 1) ? if_set : if_clear));
+}
+inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
+  for (int l = 0; l < 16; ++l) q[l] = table[p[l] & 0xF], q[l + 16] = table[p[l] >> 4];
+}
+#endif
+
 template <bool kFiveBit, class Block>
 inline void unpack_q45_k(const Block& b, Unpacked& u) {
   const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
@@ -98,19 +152,14 @@ inline void unpack_q45_k(const Block& b, Unpacked& u) {
     u.d[j] = d * float(sc);
     u.m[j] = dmin * float(m);
   }
+  // Sub-blocks 2p and 2p+1 are the low and high nibbles of qs[32p:32p+32]; Q5_K's fifth bit of
+  // sub-block j is bit j of qh.
   for (int p = 0; p < 4; ++p) {
-    const uint8_t* qs = b.qs + 32 * p;
     int8_t* lo = u.q + 64 * p;
-    int8_t* hi = lo + 32;
-    for (int l = 0; l < 32; ++l) {
-      lo[l] = int8_t(qs[l] & 0xF);
-      hi[l] = int8_t(qs[l] >> 4);
-    }
+    nibbles32(b.qs + 32 * p, lo, lo + 32);
     if constexpr (kFiveBit) {
-      for (int l = 0; l < 32; ++l) {
-        lo[l] = int8_t(lo[l] | (((b.qh[l] >> (2 * p)) & 1) << 4));
-        hi[l] = int8_t(hi[l] | (((b.qh[l] >> (2 * p + 1)) & 1) << 4));
-      }
+      add_if_bit32(b.qh, 2 * p, 16, 0, lo);
+      add_if_bit32(b.qh, 2 * p + 1, 16, 0, lo + 32);
     }
   }
 }
@@ -118,16 +167,14 @@ inline void unpack_q45_k(const Block& b, Unpacked& u) {
 inline void unpack_q6_k(const BlockQ6_K& b, Unpacked& u) {
   const float d = f16_to_f32(b.d);
   for (int k = 0; k < 16; ++k) u.d[k] = d * float(b.scales[k]);
+  // In each half of 128: weights 0-31 and 64-95 are the low and high nibbles of ql[0:32], 32-63
+  // and 96-127 those of ql[32:64]; their top 2 bits are bits 0-1, 4-5, 2-3, 6-7 of qh[0:32].
   for (int h = 0; h < 2; ++h) {
-    const uint8_t* ql = b.ql + 64 * h;
-    const uint8_t* qh = b.qh + 32 * h;
     int8_t* q = u.q + 128 * h;
-    for (int l = 0; l < 32; ++l) {
-      q[l] = int8_t(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
-      q[l + 32] = int8_t(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-      q[l + 64] = int8_t(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-      q[l + 96] = int8_t(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-    }
+    const uint8_t* qh = b.qh + 32 * h;
+    nibbles32(b.ql + 64 * h, q, q + 64);
+    nibbles32(b.ql + 64 * h + 32, q + 32, q + 96);
+    for (int i = 0; i < 4; ++i) add_bits2_x16(qh, 2 * i, -32, q + 32 * i);
   }
 }
 
@@ -136,14 +183,13 @@ inline void unpack_q3_k(const BlockQ3_K& b, Unpacked& u) {
   uint8_t scales[16];
   unpack_scales_q3(b.scales, scales);
   for (int k = 0; k < 16; ++k) u.d[k] = d * float(int(scales[k]) - 32);
-  // Weights 128*h + 32*plane + l: 2-bit plane `plane` of qs[32*h + l], high bit 4*h + plane of hmask[l].
+  // Weights 128*h + 32*plane + l: 2-bit plane `plane` of qs[32*h + l], minus 4 unless bit
+  // 4*h + plane of hmask[l] is set.
   for (int h = 0; h < 2; ++h)
     for (int plane = 0; plane < 4; ++plane) {
       int8_t* q = u.q + 128 * h + 32 * plane;
-      const uint8_t* qs = b.qs + 32 * h;
-      const int hbit = 4 * h + plane;
-      for (int l = 0; l < 32; ++l)
-        q[l] = int8_t(((qs[l] >> (2 * plane)) & 3) - (((b.hmask[l] >> hbit) & 1) ? 0 : 4));
+      bits2_32(b.qs + 32 * h, 2 * plane, q);
+      add_if_bit32(b.hmask, 4 * h + plane, 0, -4, q);
     }
 }
 
@@ -154,25 +200,14 @@ inline void unpack_q2_k(const BlockQ2_K& b, Unpacked& u) {
     u.m[k] = dmin * float(b.scales[k] >> 4);
   }
   for (int h = 0; h < 2; ++h)
-    for (int plane = 0; plane < 4; ++plane) {
-      int8_t* q = u.q + 128 * h + 32 * plane;
-      const uint8_t* qs = b.qs + 32 * h;
-      for (int l = 0; l < 32; ++l) q[l] = int8_t((qs[l] >> (2 * plane)) & 3);
-    }
-}
-
-inline void unpack_lut_nibbles(const uint8_t* packed16, const int8_t* table, int8_t* q32) {
-  for (int l = 0; l < 16; ++l) {
-    q32[l] = table[packed16[l] & 0xF];
-    q32[l + 16] = table[packed16[l] >> 4];
-  }
+    for (int plane = 0; plane < 4; ++plane) bits2_32(b.qs + 32 * h, 2 * plane, u.q + 128 * h + 32 * plane);
 }
 
 inline void unpack_iq4_xs(const BlockIQ4_XS& b, Unpacked& u) {
   const float d = f16_to_f32(b.d);
   for (int j = 0; j < 8; ++j) {
     u.d[j] = d * float(iq4xs_scale(b, j) - 32);
-    unpack_lut_nibbles(b.qs + 16 * j, kIq4nlValues, u.q + 32 * j);
+    lut_nibbles16(b.qs + 16 * j, kIq4nlValues, u.q + 32 * j);
   }
 }
 
@@ -203,7 +238,7 @@ inline float dot_mxfp4(const void* row, const float* x, int64_t n) {
   Acc a;
   alignas(32) int8_t q[32];
   for (int64_t i = 0; i < n / 32; ++i) {
-    unpack_lut_nibbles(b[i].qs, kFp4Values, q);
+    lut_nibbles16(b[i].qs, kFp4Values, q);
     accumulate<32, false>(a, int(i & 1), q, x + 32 * i, e8m0_half_to_f32(b[i].e), 0.0f);
   }
   return finish<false>(a);

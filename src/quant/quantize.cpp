@@ -58,45 +58,87 @@ constexpr int8_t kFp4Sorted[15] = {-12, -8, -6, -4, -3, -2, -1, 0, 1, 2, 3, 4, 6
 constexpr uint8_t kFp4Codes[15] = {15, 14, 13, 12, 11, 10, 9, 0, 1, 2, 3, 4, 5, 6, 7};
 const Levels kFp4{15, 0, kFp4Sorted, kFp4Codes};
 
-// Weighted squared error of x[0:n] reconstructed as dl * level - ml with each weight's nearest
-// level (the error itself computed exactly as the dequantizer reconstructs); writes the levels'
-// positions to idx when given.
-float fit_error(const float* x, const float* w, int n, float dl, float ml, const Levels& lv, uint8_t* idx) {
-  float err = 0;
-  if (std::fabs(dl) < 1e-30f) dl = 0;  // (and no infinite reciprocal)
-  if (lv.table) {
-    float mid[16];
-    for (int i = 0; i + 1 < lv.count; ++i) mid[i] = 0.5f * (lv.value(i) + lv.value(i + 1));
-    const float inv = dl != 0 ? 1.0f / dl : 0.0f;
-    for (int i = 0; i < n; ++i) {
-      const float t = (x[i] + ml) * inv;
-      int k = 0;  // the nearest level: how many midpoints t is past (the order of levels does not
-                  // matter: |x - (dl v - ml)| = |dl| |t - v| for either sign of dl)
-      for (int j = 0; j + 1 < lv.count; ++j) k += t > mid[j];
-      const float diff = dl * lv.value(k) - ml - x[i];
-      err += w[i] * diff * diff;
-      if (idx) idx[i] = uint8_t(k);
-    }
-    return err;
+// The search evaluates thousands of candidate scales per block, so its inner loop works on eight
+// weights at a time (GCC/Clang vector extensions: AVX2 on x86-64-v3, SSE pairs elsewhere).
+typedef float F8 __attribute__((vector_size(32)));
+inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline F8 splat(float a) { return F8{a, a, a, a, a, a, a, a}; }
+inline float lanes_sum(F8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+// Round to nearest (ties to even) for |v| < 2^22, by the float adder itself.
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
+
+// For a sub-block x[0:n] (n a multiple of 8) reconstructed as dl * level - ml with each weight
+// at its nearest level: the weighted squared error (computed as the dequantizer reconstructs),
+// and the weighted sums of level, level^2 and x * level that least squares needs.
+struct FitStats {
+  float err = 0, sl = 0, sll = 0, sxl = 0;
+};
+
+// The nearest level of each of eight weights, as level values.
+inline F8 nearest_levels(F8 xv, float dl, float ml, float inv, const Levels& lv) {
+  F8 t = (xv + splat(ml)) * splat(inv);
+  if (!lv.table) {
+    const F8 lo = splat(lv.lowest()), hi = splat(lv.highest());
+    t = t < lo ? lo : t;
+    t = t > hi ? hi : t;
+    return (t + splat(kRoundMagic)) - splat(kRoundMagic);
   }
-  const float inv = dl != 0 ? 1.0f / dl : 0.0f;
-  const float lo = float(lv.qmin), hi = float(lv.qmin + lv.count - 1);
-  // Eight partial sums so the loop vectorises (only comparisons of errors depend on it).
-  float part[8] = {};
-  for (int i0 = 0; i0 < n; i0 += 8)
-    for (int i = i0; i < i0 + 8 && i < n; ++i) {
-      const float t = std::clamp(std::floor((x[i] + ml) * inv + 0.5f), lo, hi);
-      const float diff = dl * t - ml - x[i];
-      part[i - i0] += w[i] * diff * diff;
-    }
-  if (idx)
-    for (int i = 0; i < n; ++i)
-      idx[i] = uint8_t(int(std::clamp(std::floor((x[i] + ml) * inv + 0.5f), lo, hi)) - lv.qmin);
-  for (float p : part) err += p;
-  return err;
+  // Tables: start at the lowest level and step up past every midpoint t exceeds (the order of
+  // levels does not matter: |x - (dl v - ml)| = |dl| |t - v| for either sign of dl).
+  F8 v = splat(lv.value(0));
+  for (int j = 0; j + 1 < lv.count; ++j) {
+    const float mid = 0.5f * (lv.value(j) + lv.value(j + 1));
+    v = t > splat(mid) ? splat(lv.value(j + 1)) : v;
+  }
+  return v;
 }
 
-// Step 1 for scale-only sub-blocks: the float scale s minimising sum w (s * level - x)^2.
+FitStats fit_stats(const float* x, const float* w, int n, float dl, float ml, const Levels& lv) {
+  if (std::fabs(dl) < 1e-30f) dl = 0;  // (and no infinite reciprocal)
+  const float inv = dl != 0 ? 1.0f / dl : 0.0f;
+  F8 err = splat(0), sl = err, sll = err, sxl = err;
+  for (int i = 0; i < n; i += 8) {
+    const F8 xv = load8(x + i), wv = load8(w + i);
+    const F8 l = nearest_levels(xv, dl, ml, inv, lv);
+    const F8 diff = splat(dl) * l - splat(ml) - xv;
+    err += wv * diff * diff;
+    const F8 wl = wv * l;
+    sl += wl;
+    sll += wl * l;
+    sxl += wl * xv;
+  }
+  return {lanes_sum(err), lanes_sum(sl), lanes_sum(sll), lanes_sum(sxl)};
+}
+
+float fit_error(const float* x, const float* w, int n, float dl, float ml, const Levels& lv) {
+  return fit_stats(x, w, n, dl, ml, lv).err;
+}
+
+// The positions (in lv) of the levels fit_stats chose.
+void assign_levels(const float* x, int n, float dl, float ml, const Levels& lv, uint8_t* idx) {
+  if (std::fabs(dl) < 1e-30f) dl = 0;
+  const float inv = dl != 0 ? 1.0f / dl : 0.0f;
+  for (int i = 0; i < n; i += 8) {
+    const F8 l = nearest_levels(load8(x + i), dl, ml, inv, lv);
+    for (int k = 0; k < 8; ++k) {
+      int pos = 0;
+      if (!lv.table) pos = int(l[k]) - lv.qmin;
+      else
+        while (lv.value(pos) != l[k]) ++pos;
+      idx[i + k] = uint8_t(pos);
+    }
+  }
+}
+
+// Step 1 for scale-only sub-blocks: the float scale s minimising sum w (s * level - x)^2. Each
+// candidate maps the largest weight to one end of the level range, a tenth of a level apart, and
+// is refined once by least squares on the levels it rounds to.
 float fit_scale(const float* x, const float* w, int n, const Levels& lv, int ntry) {
   int im = 0;
   for (int i = 1; i < n; ++i)
@@ -104,41 +146,34 @@ float fit_scale(const float* x, const float* w, int n, const Levels& lv, int ntr
   const float xm = x[im];
   if (xm == 0) return 0;
   const float spacing = (lv.highest() - lv.lowest()) / float(lv.count - 1);
-  uint8_t idx[256];
   float best_s = 0, best_err = std::numeric_limits<float>::infinity();
   for (float target : {lv.lowest(), lv.highest()}) {
     for (int k = -ntry; k <= ntry; ++k) {
       const float denom = target + 0.1f * spacing * float(k);
       if (denom == 0 || (denom > 0) != (target > 0)) continue;
-      float s = xm / denom;
-      for (int pass = 0; pass < 2; ++pass) {
-        const float err = fit_error(x, w, n, s, 0, lv, idx);
-        if (err < best_err) best_err = err, best_s = s;
-        double sxl = 0, sll = 0;
-        for (int i = 0; i < n; ++i) {
-          const double l = lv.value(idx[i]);
-          sxl += double(w[i]) * x[i] * l;
-          sll += double(w[i]) * l * l;
-        }
-        if (sll <= 0) break;
-        s = float(sxl / sll);
-      }
-      const float err = fit_error(x, w, n, s, 0, lv, nullptr);
-      if (err < best_err) best_err = err, best_s = s;
+      const float s = xm / denom;
+      const FitStats st = fit_stats(x, w, n, s, 0, lv);
+      if (st.err < best_err) best_err = st.err, best_s = s;
+      if (st.sll <= 0) continue;
+      const float s2 = st.sxl / st.sll;
+      const float e2 = fit_error(x, w, n, s2, 0, lv);
+      if (e2 < best_err) best_err = e2, best_s = s2;
     }
   }
   return best_s;
 }
 
-// Step 1 for scale-and-min sub-blocks: x ~ s * q - m with q in [0, qmax], s, m >= 0.
+// Step 1 for scale-and-min sub-blocks: x ~ s * q - m with q in [0, qmax], s, m >= 0. Candidates
+// spread the range [min(x, 0), max(x)] over qmax - 1 to qmax + 1 steps, each refined by least
+// squares on its levels (twice).
 void fit_scale_min(const float* x, const float* w, int n, const Levels& lv, float& s_out, float& m_out) {
   float lo = x[0], hi = x[0];
-  double sw = 0, swx = 0;
+  float sw = 0, swx = 0;
   for (int i = 0; i < n; ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
     sw += w[i];
-    swx += double(w[i]) * x[i];
+    swx += w[i] * x[i];
   }
   lo = std::min(lo, 0.0f);
   if (hi == lo) {
@@ -147,34 +182,25 @@ void fit_scale_min(const float* x, const float* w, int n, const Levels& lv, floa
     return;
   }
   const int qmax = lv.count - 1;
-  uint8_t idx[256];
   float best_s = float(hi - lo) / float(qmax), best_m = -lo;
-  float best_err = fit_error(x, w, n, best_s, best_m, lv, nullptr);
+  float best_err = fit_error(x, w, n, best_s, best_m, lv);
   auto refine = [&](float s, float m) {
     for (int pass = 0; pass < 3; ++pass) {
-      const float err = fit_error(x, w, n, s, m, lv, idx);
-      if (err < best_err) best_err = err, best_s = s, best_m = m;
-      double sl = 0, sll = 0, sxl = 0;
-      for (int i = 0; i < n; ++i) {
-        const double l = idx[i];
-        sl += w[i] * l;
-        sll += w[i] * l * l;
-        sxl += w[i] * l * x[i];
-      }
-      const double D = sw * sll - sl * sl;
+      const FitStats st = fit_stats(x, w, n, s, m, lv);
+      if (st.err < best_err) best_err = st.err, best_s = s, best_m = m;
+      if (pass == 2) return;
+      const double D = double(sw) * st.sll - double(st.sl) * st.sl;
       if (D <= 0) return;
-      double ns = (sw * sxl - swx * sl) / D;
-      double b = (sll * swx - sl * sxl) / D;  // x ~ ns * l + b, b = -m
+      double ns = (double(sw) * st.sxl - double(swx) * st.sl) / D;
+      double b = (double(st.sll) * swx - double(st.sl) * st.sxl) / D;  // x ~ ns * l + b, b = -m
       if (b > 0) {
         b = 0;
-        ns = sxl / sll;
+        ns = double(st.sxl) / st.sll;
       }
-      if (ns <= 0) return;
+      if (!(ns > 0)) return;
       s = float(ns);
       m = float(-b);
     }
-    const float err = fit_error(x, w, n, s, m, lv, nullptr);
-    if (err < best_err) best_err = err, best_s = s, best_m = m;
   };
   for (int k = 0; k <= 20; ++k) {
     const float iscale = (float(qmax) - 1.0f + 0.1f * float(k)) / (hi - lo);
@@ -221,13 +247,14 @@ SuperFit choose_codes(const SuperSpec& sp, const float* x, const float* w, const
       const int mlo = sp.has_min ? std::max(0, m0 - 1) : 0, mhi = sp.has_min ? std::min(sp.mmax, m0 + 1) : 0;
       for (int mc = mlo; mc <= mhi; ++mc) {
         const float ml = dmin * float(mc);
-        const float e = fit_error(xj, wj, sp.sub, dl, ml, *sp.levels, nullptr);
+        const float e = fit_error(xj, wj, sp.sub, dl, ml, *sp.levels);
         if (e < best) best = e, bc = c, bm = mc;
       }
     }
     f.code[j] = bc;
     f.mcode[j] = bm;
-    f.err += fit_error(xj, wj, sp.sub, d * float(bc), dmin * float(bm), *sp.levels, f.idx + j * sp.sub);
+    f.err += best;
+    assign_levels(xj, sp.sub, d * float(bc), dmin * float(bm), *sp.levels, f.idx + j * sp.sub);
   }
   return f;
 }
@@ -380,11 +407,11 @@ void quantize_q8_0_block(const float* x, const float* w, BlockQ8_0& b) {
   for (int delta = -2; delta <= 2; ++delta) {
     const uint16_t c = uint16_t(h + delta);
     if (((c ^ h) & 0x8000) || ((c >> 10) & 0x1F) == 0x1F) continue;  // same sign, finite
-    const float e = fit_error(x, w, 32, f16_to_f32(c), 0, kLinear8, nullptr);
+    const float e = fit_error(x, w, 32, f16_to_f32(c), 0, kLinear8);
     if (e < best) best = e, best_h = c;
   }
   uint8_t idx[32];
-  fit_error(x, w, 32, f16_to_f32(best_h), 0, kLinear8, idx);
+  assign_levels(x, 32, f16_to_f32(best_h), 0, kLinear8, idx);
   b.d = best_h;
   for (int l = 0; l < 32; ++l) b.qs[l] = int8_t(int(idx[l]) - 128);
 }
@@ -399,11 +426,11 @@ void quantize_mxfp4_block(const float* x, const float* w, BlockMXFP4& b) {
   int best_e = std::clamp(e0, 0, 254);
   for (int e = e0 - 1; e <= e0 + 2; ++e) {
     if (e < 0 || e > 254) continue;
-    const float err = fit_error(x, w, 32, e8m0_half_to_f32(uint8_t(e)), 0, kFp4, nullptr);
+    const float err = fit_error(x, w, 32, e8m0_half_to_f32(uint8_t(e)), 0, kFp4);
     if (err < best) best = err, best_e = e;
   }
   uint8_t idx[32];
-  fit_error(x, w, 32, e8m0_half_to_f32(uint8_t(best_e)), 0, kFp4, idx);
+  assign_levels(x, 32, e8m0_half_to_f32(uint8_t(best_e)), 0, kFp4, idx);
   b.e = uint8_t(best_e);
   for (int l = 0; l < 16; ++l) b.qs[l] = uint8_t(kFp4.stored(idx[l]) | (kFp4.stored(idx[l + 16]) << 4));
 }
