@@ -28,9 +28,9 @@ struct V {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   static V load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
-  static V from_i8(const int8_t* q) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+  static V from_i8(const int8_t* q) {  // two sign-extending loads of 8 bytes each
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8))))};
   }
   static V mul(const V& a, const V& b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
   static V add(const V& a, const V& b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }

@@ -93,6 +93,16 @@ struct Unpacked {
 // for the scalar build, SSE/AVX2 in the x86 builds (SPILL_QUANT_X86_UNPACK). Integer results, so
 // the implementations agree exactly.
 #if defined(SPILL_QUANT_X86_UNPACK)
+inline float half(uint16_t h) { return _cvtsh_ss(h); }  // exact, as f16_to_f32
+// out[i] = d * float(byte i of v), for 8 unsigned / signed bytes
+inline void scaled_u8x8(uint64_t v, float d, float* out) {
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(v))));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(d), f));
+}
+inline void scaled_i8x8(uint64_t v, float d, float* out) {
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(int64_t(v))));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(d), f));
+}
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void store32(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 // lo[l] = p[l] & 15, hi[l] = p[l] >> 4
@@ -126,6 +136,13 @@ inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
 }
 #else
+inline float half(uint16_t h) { return f16_to_f32(h); }
+inline void scaled_u8x8(uint64_t v, float d, float* out) {
+  for (int i = 0; i < 8; ++i) out[i] = d * float(uint8_t(v >> (8 * i)));
+}
+inline void scaled_i8x8(uint64_t v, float d, float* out) {
+  for (int i = 0; i < 8; ++i) out[i] = d * float(int8_t(uint8_t(v >> (8 * i))));
+}
 inline void nibbles32(const uint8_t* p, int8_t* lo, int8_t* hi) {
   for (int l = 0; l < 32; ++l) lo[l] = int8_t(p[l] & 0xF), hi[l] = int8_t(p[l] >> 4);
 }
@@ -143,15 +160,24 @@ inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
 }
 #endif
 
+inline uint64_t join32(uint32_t lo, uint32_t hi) { return uint64_t(lo) | (uint64_t(hi) << 32); }
+
+// The 8 scales and 8 mins of Q4_K/Q5_K as bytes, four at a time (see unpack_scale_min_k4).
+inline void scale_min_bytes_k4(const uint8_t* q, uint64_t& scales, uint64_t& mins) {
+  uint32_t a, b, c;
+  std::memcpy(&a, q, 4);
+  std::memcpy(&b, q + 4, 4);
+  std::memcpy(&c, q + 8, 4);
+  scales = join32(a & 0x3f3f3f3fu, (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4));
+  mins = join32(b & 0x3f3f3f3fu, ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4));
+}
+
 template <bool kFiveBit, class Block>
 inline void unpack_q45_k(const Block& b, Unpacked& u) {
-  const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
-  for (int j = 0; j < 8; ++j) {
-    uint8_t sc, m;
-    unpack_scale_min_k4(j, b.scales, sc, m);
-    u.d[j] = d * float(sc);
-    u.m[j] = dmin * float(m);
-  }
+  uint64_t scales, mins;
+  scale_min_bytes_k4(b.scales, scales, mins);
+  scaled_u8x8(scales, half(b.d), u.d);
+  scaled_u8x8(mins, half(b.dmin), u.m);
   // Sub-blocks 2p and 2p+1 are the low and high nibbles of qs[32p:32p+32]; Q5_K's fifth bit of
   // sub-block j is bit j of qh.
   for (int p = 0; p < 4; ++p) {
@@ -165,8 +191,12 @@ inline void unpack_q45_k(const Block& b, Unpacked& u) {
 }
 
 inline void unpack_q6_k(const BlockQ6_K& b, Unpacked& u) {
-  const float d = f16_to_f32(b.d);
-  for (int k = 0; k < 16; ++k) u.d[k] = d * float(b.scales[k]);
+  const float d = half(b.d);
+  uint64_t s0, s1;
+  std::memcpy(&s0, b.scales, 8);
+  std::memcpy(&s1, b.scales + 8, 8);
+  scaled_i8x8(s0, d, u.d);
+  scaled_i8x8(s1, d, u.d + 8);
   // In each half of 128: weights 0-31 and 64-95 are the low and high nibbles of ql[0:32], 32-63
   // and 96-127 those of ql[32:64]; their top 2 bits are bits 0-1, 4-5, 2-3, 6-7 of qh[0:32].
   for (int h = 0; h < 2; ++h) {
@@ -179,10 +209,19 @@ inline void unpack_q6_k(const BlockQ6_K& b, Unpacked& u) {
 }
 
 inline void unpack_q3_k(const BlockQ3_K& b, Unpacked& u) {
-  const float d = f16_to_f32(b.d);
-  uint8_t scales[16];
-  unpack_scales_q3(b.scales, scales);
-  for (int k = 0; k < 16; ++k) u.d[k] = d * float(int(scales[k]) - 32);
+  // The 16 6-bit scales (see unpack_scales_q3), four at a time, then offset by -32.
+  uint32_t a, bw, c;
+  std::memcpy(&a, b.scales, 4);
+  std::memcpy(&bw, b.scales + 4, 4);
+  std::memcpy(&c, b.scales + 8, 4);
+  const uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u, off = 0x20202020u;
+  // Subtracting 32 from every byte (each byte is 0..63, so no borrow crosses bytes as signed).
+  const uint32_t s0 = ((a & lo4) | ((c & lo2) << 4)), s1 = ((bw & lo4) | (((c >> 2) & lo2) << 4));
+  const uint32_t s2 = (((a >> 4) & lo4) | (((c >> 4) & lo2) << 4)), s3 = (((bw >> 4) & lo4) | (((c >> 6) & lo2) << 4));
+  auto minus32 = [off](uint32_t v) { return uint32_t((v | 0x80808080u) - off) ^ 0x80808080u; };
+  const float d = half(b.d);
+  scaled_i8x8(join32(minus32(s0), minus32(s1)), d, u.d);
+  scaled_i8x8(join32(minus32(s2), minus32(s3)), d, u.d + 8);
   // Weights 128*h + 32*plane + l: 2-bit plane `plane` of qs[32*h + l], minus 4 unless bit
   // 4*h + plane of hmask[l] is set.
   for (int h = 0; h < 2; ++h)
@@ -194,17 +233,19 @@ inline void unpack_q3_k(const BlockQ3_K& b, Unpacked& u) {
 }
 
 inline void unpack_q2_k(const BlockQ2_K& b, Unpacked& u) {
-  const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
-  for (int k = 0; k < 16; ++k) {
-    u.d[k] = d * float(b.scales[k] & 0xF);
-    u.m[k] = dmin * float(b.scales[k] >> 4);
+  const float d = half(b.d), dmin = half(b.dmin);
+  for (int h = 0; h < 2; ++h) {
+    uint64_t v;
+    std::memcpy(&v, b.scales + 8 * h, 8);
+    scaled_u8x8(v & 0x0f0f0f0f0f0f0f0full, d, u.d + 8 * h);
+    scaled_u8x8((v >> 4) & 0x0f0f0f0f0f0f0f0full, dmin, u.m + 8 * h);
   }
   for (int h = 0; h < 2; ++h)
     for (int plane = 0; plane < 4; ++plane) bits2_32(b.qs + 32 * h, 2 * plane, u.q + 128 * h + 32 * plane);
 }
 
 inline void unpack_iq4_xs(const BlockIQ4_XS& b, Unpacked& u) {
-  const float d = f16_to_f32(b.d);
+  const float d = half(b.d);
   for (int j = 0; j < 8; ++j) {
     u.d[j] = d * float(iq4xs_scale(b, j) - 32);
     lut_nibbles16(b.qs + 16 * j, kIq4nlValues, u.q + 32 * j);
@@ -229,7 +270,7 @@ inline float dot_q8_0(const void* row, const float* x, int64_t n) {
   const BlockQ8_0* b = static_cast<const BlockQ8_0*>(row);
   Acc a;
   for (int64_t i = 0; i < n / 32; ++i)
-    accumulate<32, false>(a, int(i & 1), b[i].qs, x + 32 * i, f16_to_f32(b[i].d), 0.0f);
+    accumulate<32, false>(a, int(i & 1), b[i].qs, x + 32 * i, half(b[i].d), 0.0f);
   return finish<false>(a);
 }
 
