@@ -149,7 +149,7 @@ float fit_scale(const float* x, const float* w, int n, const Levels& lv, int ntr
   float best_s = 0, best_err = std::numeric_limits<float>::infinity();
   for (float target : {lv.lowest(), lv.highest()}) {
     for (int k = -ntry; k <= ntry; ++k) {
-      const float denom = target + 0.1f * spacing * float(k);
+      const float denom = target + 0.15f * spacing * float(k);
       if (denom == 0 || (denom > 0) != (target > 0)) continue;
       const float s = xm / denom;
       const FitStats st = fit_stats(x, w, n, s, 0, lv);
@@ -202,8 +202,8 @@ void fit_scale_min(const float* x, const float* w, int n, const Levels& lv, floa
       m = float(-b);
     }
   };
-  for (int k = 0; k <= 20; ++k) {
-    const float iscale = (float(qmax) - 1.0f + 0.1f * float(k)) / (hi - lo);
+  for (int k = 0; k <= 10; ++k) {
+    const float iscale = (float(qmax) - 1.0f + 0.2f * float(k)) / (hi - lo);
     if (iscale <= 0) continue;
     refine(1.0f / iscale, -lo);
   }
@@ -295,7 +295,7 @@ SuperFit fit_super_block(const SuperSpec& sp, const float* x, const float* w, DT
   float s[16], m[16] = {};
   for (int j = 0; j < sp.nsub; ++j) {
     if (sp.has_min) fit_scale_min(x + j * sp.sub, w + j * sp.sub, sp.sub, *sp.levels, s[j], m[j]);
-    else s[j] = fit_scale(x + j * sp.sub, w + j * sp.sub, sp.sub, *sp.levels, 9);
+    else s[j] = fit_scale(x + j * sp.sub, w + j * sp.sub, sp.sub, *sp.levels, 5);
   }
   // Step 2: starting super-scales that fit the largest sub-scale (at either end of the code range).
   int jm = 0;
