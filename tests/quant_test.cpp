@@ -325,3 +325,27 @@ TEST(Quantize, RejectsBadInput) {
 }
 
 }  // namespace
+
+namespace {
+
+// The override is read once per process, so each case runs in a fresh child process (gtest's
+// "threadsafe" death-test style re-executes the test binary).
+int kernel_path_in_child(const char* value) {
+  setenv("SPILL_CPU_KERNELS", value, 1);
+  try {
+    return std::string(spill::quant::cpu_kernel_path()) == value ? 0 : 1;
+  } catch (const spill::Error&) {
+    return 2;
+  }
+}
+
+TEST(Dot, KernelPathOverrideFromTheEnvironment) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(kernel_path_in_child("scalar")), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(std::exit(kernel_path_in_child("sse9")), ::testing::ExitedWithCode(2), "");
+  if (!spill::quant::cpu_supports(spill::quant::KernelPath::Avx512)) {
+    EXPECT_EXIT(std::exit(kernel_path_in_child("avx512")), ::testing::ExitedWithCode(2), "");
+  }
+}
+
+}  // namespace

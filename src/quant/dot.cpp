@@ -1,6 +1,7 @@
 // dot(): picks the widest kernel build this CPU runs, once. All builds compute the same bits
 // (dot_kernels.h), so the choice changes speed only.
 #include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 #include "quant/dot_paths.h"
@@ -32,12 +33,26 @@ KernelPath best_path() {
   return KernelPath::Scalar;
 }
 
+// SPILL_CPU_KERNELS=scalar|avx2|avx512 overrides the choice (to compare paths in a whole run, or
+// to step around one); a path this CPU lacks, or an unknown name, is an error at the first dot().
+KernelPath chosen_path() {
+  const char* env = std::getenv("SPILL_CPU_KERNELS");
+  if (!env || !*env) return best_path();
+  const std::string_view want(env);
+  for (KernelPath p : {KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512}) {
+    if (want != kernel_path_name(p)) continue;
+    if (!cpu_supports(p)) fail("SPILL_CPU_KERNELS={}: this CPU cannot run those kernels; unset it or use scalar", env);
+    return p;
+  }
+  fail("SPILL_CPU_KERNELS={}: unknown; use scalar, avx2 or avx512", env);
+}
+
 struct Dispatch {
-  KernelPath path = best_path();
+  KernelPath path = chosen_path();
   DotFn fn = kernel_of(path);
 };
 const Dispatch& dispatch() {
-  static const Dispatch d;
+  static const Dispatch d;  // a throw leaves it unset, so the next call throws again
   return d;
 }
 
