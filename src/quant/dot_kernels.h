@@ -43,15 +43,16 @@ struct Acc {
   V m[2] = {V::zero(), V::zero()};
 };
 
-template <int kSub, bool kMin>
-inline void accumulate(Acc& a, int parity, const int8_t* q, const float* x, float d, float m) {
+// (The parity is a template argument so the accumulators stay in registers.)
+template <int kSub, bool kMin, int kParity>
+inline void accumulate(Acc& a, const int8_t* q, const float* x, float d, float m) {
   V p = V::mul(V::from_i8(q), V::load(x));
   if constexpr (kSub == 32) p = V::fma(V::from_i8(q + 16), V::load(x + 16), p);
-  a.s[parity] = V::fma(V::set1(d), p, a.s[parity]);
+  a.s[kParity] = V::fma(V::set1(d), p, a.s[kParity]);
   if constexpr (kMin) {
     V xs = V::load(x);
     if constexpr (kSub == 32) xs = V::add(xs, V::load(x + 16));
-    a.m[parity] = V::fma(V::set1(m), xs, a.m[parity]);
+    a.m[kParity] = V::fma(V::set1(m), xs, a.m[kParity]);
   }
 }
 
@@ -261,7 +262,10 @@ inline float dot_super_blocks(const void* row, const float* x, int64_t n, Unpack
   constexpr int kSubs = kSuperBlock / kSub;
   for (int64_t i = 0; i < n / kSuperBlock; ++i, x += kSuperBlock) {
     unpack(b[i], u);
-    for (int k = 0; k < kSubs; ++k) accumulate<kSub, kMin>(a, k & 1, u.q + kSub * k, x + kSub * k, u.d[k], u.m[k]);
+    for (int k = 0; k < kSubs; k += 2) {
+      accumulate<kSub, kMin, 0>(a, u.q + kSub * k, x + kSub * k, u.d[k], u.m[k]);
+      accumulate<kSub, kMin, 1>(a, u.q + kSub * (k + 1), x + kSub * (k + 1), u.d[k + 1], u.m[k + 1]);
+    }
   }
   return finish<kMin>(a);
 }
@@ -269,18 +273,31 @@ inline float dot_super_blocks(const void* row, const float* x, int64_t n, Unpack
 inline float dot_q8_0(const void* row, const float* x, int64_t n) {
   const BlockQ8_0* b = static_cast<const BlockQ8_0*>(row);
   Acc a;
-  for (int64_t i = 0; i < n / 32; ++i)
-    accumulate<32, false>(a, int(i & 1), b[i].qs, x + 32 * i, half(b[i].d), 0.0f);
+  const int64_t nb = n / 32;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    accumulate<32, false, 0>(a, b[i].qs, x + 32 * i, half(b[i].d), 0.0f);
+    accumulate<32, false, 1>(a, b[i + 1].qs, x + 32 * (i + 1), half(b[i + 1].d), 0.0f);
+  }
+  if (i < nb) accumulate<32, false, 0>(a, b[i].qs, x + 32 * i, half(b[i].d), 0.0f);
   return finish<false>(a);
 }
 
 inline float dot_mxfp4(const void* row, const float* x, int64_t n) {
   const BlockMXFP4* b = static_cast<const BlockMXFP4*>(row);
   Acc a;
-  alignas(32) int8_t q[32];
-  for (int64_t i = 0; i < n / 32; ++i) {
+  alignas(32) int8_t q[64];
+  const int64_t nb = n / 32;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
     lut_nibbles16(b[i].qs, kFp4Values, q);
-    accumulate<32, false>(a, int(i & 1), q, x + 32 * i, e8m0_half_to_f32(b[i].e), 0.0f);
+    lut_nibbles16(b[i + 1].qs, kFp4Values, q + 32);
+    accumulate<32, false, 0>(a, q, x + 32 * i, e8m0_half_to_f32(b[i].e), 0.0f);
+    accumulate<32, false, 1>(a, q + 32, x + 32 * (i + 1), e8m0_half_to_f32(b[i + 1].e), 0.0f);
+  }
+  if (i < nb) {
+    lut_nibbles16(b[i].qs, kFp4Values, q);
+    accumulate<32, false, 0>(a, q, x + 32 * i, e8m0_half_to_f32(b[i].e), 0.0f);
   }
   return finish<false>(a);
 }
@@ -302,12 +319,12 @@ inline float dot_any(DType t, const void* row, const float* x, int64_t n) {
                         [w](int64_t i) { return bf16_to_f32(w[i]); });
     }
     case DType::Q8_0: return dot_q8_0(row, x, n);
-    case DType::Q6_K: return dot_super_blocks<BlockQ6_K, 16, false>(row, x, n, unpack_q6_k);
-    case DType::Q5_K: return dot_super_blocks<BlockQ5_K, 32, true>(row, x, n, unpack_q45_k<true, BlockQ5_K>);
-    case DType::Q4_K: return dot_super_blocks<BlockQ4_K, 32, true>(row, x, n, unpack_q45_k<false, BlockQ4_K>);
-    case DType::Q3_K: return dot_super_blocks<BlockQ3_K, 16, false>(row, x, n, unpack_q3_k);
-    case DType::Q2_K: return dot_super_blocks<BlockQ2_K, 16, true>(row, x, n, unpack_q2_k);
-    case DType::IQ4_XS: return dot_super_blocks<BlockIQ4_XS, 32, false>(row, x, n, unpack_iq4_xs);
+    case DType::Q6_K: return dot_super_blocks<BlockQ6_K, 16, false>(row, x, n, [](const BlockQ6_K& b, Unpacked& u) { unpack_q6_k(b, u); });
+    case DType::Q5_K: return dot_super_blocks<BlockQ5_K, 32, true>(row, x, n, [](const BlockQ5_K& b, Unpacked& u) { unpack_q45_k<true>(b, u); });
+    case DType::Q4_K: return dot_super_blocks<BlockQ4_K, 32, true>(row, x, n, [](const BlockQ4_K& b, Unpacked& u) { unpack_q45_k<false>(b, u); });
+    case DType::Q3_K: return dot_super_blocks<BlockQ3_K, 16, false>(row, x, n, [](const BlockQ3_K& b, Unpacked& u) { unpack_q3_k(b, u); });
+    case DType::Q2_K: return dot_super_blocks<BlockQ2_K, 16, true>(row, x, n, [](const BlockQ2_K& b, Unpacked& u) { unpack_q2_k(b, u); });
+    case DType::IQ4_XS: return dot_super_blocks<BlockIQ4_XS, 32, false>(row, x, n, [](const BlockIQ4_XS& b, Unpacked& u) { unpack_iq4_xs(b, u); });
     case DType::MXFP4: return dot_mxfp4(row, x, n);
   }
   return 0.0f;
