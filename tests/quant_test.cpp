@@ -146,8 +146,9 @@ struct DotReference {
 
 // The dot kernels compute sum_j d_j * sum_i(q_i x_i) - m_j * sum_i(x_i) in fp32: every term passes
 // through at most k = (n/16 + 12) roundings (products, the sub-block chain, the scale fma, the
-// accumulator chain of n/32 sub-blocks per lane, the 4-step reduction, the final subtraction), and
-// the dequantized weights the reference uses are themselves d_j q - m_j rounded twice. So
+// accumulator chain of n/32 sub-blocks per lane, the 4-step reduction, the final subtraction; plain
+// floats add one per weight of the n % 32 tail, summed one at a time), and the dequantized weights
+// the reference uses are themselves d_j q - m_j rounded twice. So
 // |error| <= (k + 2) u sum_i (|d_j q_i| + |m_j|) |x_i| with u = 2^-24; d_j q_i and m_j come from
 // dequantizing the row with dmin and then d zeroed.
 DotReference dot_reference(DType t, const std::vector<uint8_t>& row, const std::vector<float>& x) {
@@ -166,7 +167,7 @@ DotReference dot_reference(DType t, const std::vector<uint8_t>& row, const std::
     exact += double(w[size_t(i)]) * double(x[size_t(i)]);
     magnitude += (std::fabs(double(quants[size_t(i)])) + std::fabs(double(mins[size_t(i)]))) * std::fabs(double(x[size_t(i)]));
   }
-  const double k = double(n) / 16 + 12;
+  const double k = double(n) / 16 + 12 + (spill::dtype_is_float(t) ? double(n % 32) : 0.0);
   return {exact, (k + 2) * std::ldexp(1.0, -24) * magnitude};
 }
 
