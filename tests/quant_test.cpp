@@ -350,3 +350,26 @@ TEST(Dot, KernelPathOverrideFromTheEnvironment) {
 }
 
 }  // namespace
+
+namespace {
+
+// dot_tokens shares a row's unpacking between tokens; each token must still get dot()'s bits.
+TEST(DotTokens, EveryTokenGetsTheBitsDotGivesIt) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DType t : kAllTypes) {
+    const int64_t n = 3 * 256 + (spill::dtype_is_float(t) ? 5 : 0), stride = n + 3;
+    const std::vector<uint8_t> row = random_row(t, n, rng);
+    for (int64_t tokens : {int64_t(1), int64_t(4), int64_t(7)}) {
+      std::vector<float> x(static_cast<size_t>(tokens * stride));
+      for (float& v : x) v = normal(rng);
+      std::vector<float> out(static_cast<size_t>(tokens * 2), NAN);
+      spill::quant::dot_tokens(t, row.data(), x.data(), stride, tokens, n, out.data(), 2);
+      for (int64_t i = 0; i < tokens; ++i)
+        ASSERT_EQ(bits_of(out[size_t(2 * i)]), bits_of(spill::quant::dot(t, row.data(), x.data() + i * stride, n)))
+            << spill::dtype_name(t) << " token " << i << " of " << tokens;
+    }
+  }
+}
+
+}  // namespace
