@@ -358,6 +358,10 @@ inline float dot_any(DType t, const void* row, const float* x, int64_t n) {
 
 inline void dot_tokens_any(DType t, const void* row, const float* x, int64_t x_stride, int64_t tokens, int64_t n,
                            float* out, int64_t out_stride) {
+  if (tokens == 1) {  // the single-token kernel keeps its accumulators in registers
+    out[0] = dot_any(t, row, x, n);
+    return;
+  }
   switch (t) {
     case DType::Q6_K:
       return dot_super_blocks_tokens<BlockQ6_K, 16, false>(row, x, x_stride, tokens, n, out, out_stride,
