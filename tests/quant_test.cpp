@@ -146,8 +146,9 @@ struct DotReference {
 
 // The dot kernels compute sum_j d_j * sum_i(q_i x_i) - m_j * sum_i(x_i) in fp32: every term passes
 // through at most k = (n/16 + 12) roundings (products, the sub-block chain, the scale fma, the
-// accumulator chain of n/32 sub-blocks per lane, the 4-step reduction, the final subtraction), and
-// the dequantized weights the reference uses are themselves d_j q - m_j rounded twice. So
+// accumulator chain of n/32 sub-blocks per lane, the 4-step reduction, the final subtraction; plain
+// floats add one per weight of the n % 32 tail, summed one at a time), and the dequantized weights
+// the reference uses are themselves d_j q - m_j rounded twice. So
 // |error| <= (k + 2) u sum_i (|d_j q_i| + |m_j|) |x_i| with u = 2^-24; d_j q_i and m_j come from
 // dequantizing the row with dmin and then d zeroed.
 DotReference dot_reference(DType t, const std::vector<uint8_t>& row, const std::vector<float>& x) {
@@ -166,7 +167,7 @@ DotReference dot_reference(DType t, const std::vector<uint8_t>& row, const std::
     exact += double(w[size_t(i)]) * double(x[size_t(i)]);
     magnitude += (std::fabs(double(quants[size_t(i)])) + std::fabs(double(mins[size_t(i)]))) * std::fabs(double(x[size_t(i)]));
   }
-  const double k = double(n) / 16 + 12;
+  const double k = double(n) / 16 + 12 + (spill::dtype_is_float(t) ? double(n % 32) : 0.0);
   return {exact, (k + 2) * std::ldexp(1.0, -24) * magnitude};
 }
 
@@ -345,6 +346,29 @@ TEST(Dot, KernelPathOverrideFromTheEnvironment) {
   EXPECT_EXIT(std::exit(kernel_path_in_child("sse9")), ::testing::ExitedWithCode(2), "");
   if (!spill::quant::cpu_supports(spill::quant::KernelPath::Avx512)) {
     EXPECT_EXIT(std::exit(kernel_path_in_child("avx512")), ::testing::ExitedWithCode(2), "");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// dot_tokens shares a row's unpacking between tokens; each token must still get dot()'s bits.
+TEST(DotTokens, EveryTokenGetsTheBitsDotGivesIt) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DType t : kAllTypes) {
+    const int64_t n = 3 * 256 + (spill::dtype_is_float(t) ? 5 : 0), stride = n + 3;
+    const std::vector<uint8_t> row = random_row(t, n, rng);
+    for (int64_t tokens : {int64_t(1), int64_t(4), int64_t(7)}) {
+      std::vector<float> x(static_cast<size_t>(tokens * stride));
+      for (float& v : x) v = normal(rng);
+      std::vector<float> out(static_cast<size_t>(tokens * 2), NAN);
+      spill::quant::dot_tokens(t, row.data(), x.data(), stride, tokens, n, out.data(), 2);
+      for (int64_t i = 0; i < tokens; ++i)
+        ASSERT_EQ(bits_of(out[size_t(2 * i)]), bits_of(spill::quant::dot(t, row.data(), x.data() + i * stride, n)))
+            << spill::dtype_name(t) << " token " << i << " of " << tokens;
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // The ggml block layouts, byte for byte, and the small decoders they share (6-bit scale packing,
 // the non-linear 4-bit tables, e8m0 exponents). Internal to src/quant: the public interface is
 // quant.h. Every struct is checked against dtype.h's block_bytes so the two cannot drift apart.
+// Written to C++17 (CUDA sources may include it for the same layouts).
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -3,6 +3,10 @@
 // -ffp-contract=off), so the CUDA kernels and the dot products have one definition to match.
 #include <cstring>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "core/error.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
@@ -137,7 +141,13 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
     case DType::F16: {
       const uint16_t* p = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(p[i]);
+      int64_t i = 0;
+#if defined(__F16C__)
+      // The hardware conversion is exact, like f16_to_f32, and what makes widening F16 rows cheap.
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))));
+#endif
+      for (; i < n; ++i) dst[i] = f16_to_f32(p[i]);
       break;
     }
     case DType::BF16: {

@@ -12,6 +12,7 @@ namespace spill::quant {
 namespace {
 
 using DotFn = float (*)(DType, const void*, const float*, int64_t);
+using DotTokensFn = void (*)(DType, const void*, const float*, int64_t, int64_t, int64_t, float*, int64_t);
 
 DotFn kernel_of(KernelPath p) {
   switch (p) {
@@ -23,6 +24,20 @@ DotFn kernel_of(KernelPath p) {
     case KernelPath::Avx2: return nullptr;
 #endif
     case KernelPath::Scalar: return detail::dot_scalar;
+  }
+  return nullptr;
+}
+
+DotTokensFn tokens_kernel_of(KernelPath p) {
+  switch (p) {
+#if defined(__x86_64__) || defined(_M_X64)
+    case KernelPath::Avx512: return detail::dot_tokens_avx512;
+    case KernelPath::Avx2: return detail::dot_tokens_avx2;
+#else
+    case KernelPath::Avx512:
+    case KernelPath::Avx2: return nullptr;
+#endif
+    case KernelPath::Scalar: return detail::dot_tokens_scalar;
   }
   return nullptr;
 }
@@ -50,6 +65,7 @@ KernelPath chosen_path() {
 struct Dispatch {
   KernelPath path = chosen_path();
   DotFn fn = kernel_of(path);
+  DotTokensFn tokens_fn = tokens_kernel_of(path);
 };
 const Dispatch& dispatch() {
   static const Dispatch d;  // a throw leaves it unset, so the next call throws again
@@ -95,6 +111,12 @@ const char* cpu_kernel_path() { return kernel_path_name(dispatch().path); }
 float dot(DType t, const void* row, const float* x, int64_t n) {
   check_row(t, n);
   return dispatch().fn(t, row, x, n);
+}
+
+void dot_tokens(DType t, const void* row, const float* x, int64_t x_stride, int64_t n_tokens, int64_t n, float* out,
+                int64_t out_stride) {
+  check_row(t, n);
+  if (n_tokens > 0) dispatch().tokens_fn(t, row, x, x_stride, n_tokens, n, out, out_stride);
 }
 
 float dot_on(KernelPath p, DType t, const void* row, const float* x, int64_t n) {

@@ -270,6 +270,32 @@ inline float dot_super_blocks(const void* row, const float* x, int64_t n, Unpack
   return finish<kMin>(a);
 }
 
+// The same for several tokens: each super-block is unpacked once per group of tokens, and each
+// token's accumulators see exactly the operations dot_super_blocks gives them.
+template <class Block, int kSub, bool kMin, class Unpack>
+inline void dot_super_blocks_tokens(const void* row, const float* x, int64_t x_stride, int64_t tokens, int64_t n,
+                                    float* out, int64_t out_stride, Unpack unpack) {
+  const Block* b = static_cast<const Block*>(row);
+  constexpr int kGroup = 4;
+  constexpr int kSubs = kSuperBlock / kSub;
+  Unpacked u;
+  for (int64_t t0 = 0; t0 < tokens; t0 += kGroup) {
+    const int group = int(std::min<int64_t>(kGroup, tokens - t0));
+    Acc a[kGroup];
+    for (int64_t i = 0; i < n / kSuperBlock; ++i) {
+      unpack(b[i], u);
+      for (int g = 0; g < group; ++g) {
+        const float* xg = x + (t0 + g) * x_stride + i * kSuperBlock;
+        for (int k = 0; k < kSubs; k += 2) {
+          accumulate<kSub, kMin, 0>(a[g], u.q + kSub * k, xg + kSub * k, u.d[k], u.m[k]);
+          accumulate<kSub, kMin, 1>(a[g], u.q + kSub * (k + 1), xg + kSub * (k + 1), u.d[k + 1], u.m[k + 1]);
+        }
+      }
+    }
+    for (int g = 0; g < group; ++g) out[(t0 + g) * out_stride] = finish<kMin>(a[g]);
+  }
+}
+
 inline float dot_q8_0(const void* row, const float* x, int64_t n) {
   const BlockQ8_0* b = static_cast<const BlockQ8_0*>(row);
   Acc a;
@@ -328,6 +354,36 @@ inline float dot_any(DType t, const void* row, const float* x, int64_t n) {
     case DType::MXFP4: return dot_mxfp4(row, x, n);
   }
   return 0.0f;
+}
+
+inline void dot_tokens_any(DType t, const void* row, const float* x, int64_t x_stride, int64_t tokens, int64_t n,
+                           float* out, int64_t out_stride) {
+  if (tokens == 1) {  // the single-token kernel keeps its accumulators in registers
+    out[0] = dot_any(t, row, x, n);
+    return;
+  }
+  switch (t) {
+    case DType::Q6_K:
+      return dot_super_blocks_tokens<BlockQ6_K, 16, false>(row, x, x_stride, tokens, n, out, out_stride,
+                                                           [](const BlockQ6_K& b, Unpacked& u) { unpack_q6_k(b, u); });
+    case DType::Q5_K:
+      return dot_super_blocks_tokens<BlockQ5_K, 32, true>(
+          row, x, x_stride, tokens, n, out, out_stride, [](const BlockQ5_K& b, Unpacked& u) { unpack_q45_k<true>(b, u); });
+    case DType::Q4_K:
+      return dot_super_blocks_tokens<BlockQ4_K, 32, true>(
+          row, x, x_stride, tokens, n, out, out_stride, [](const BlockQ4_K& b, Unpacked& u) { unpack_q45_k<false>(b, u); });
+    case DType::Q3_K:
+      return dot_super_blocks_tokens<BlockQ3_K, 16, false>(row, x, x_stride, tokens, n, out, out_stride,
+                                                           [](const BlockQ3_K& b, Unpacked& u) { unpack_q3_k(b, u); });
+    case DType::Q2_K:
+      return dot_super_blocks_tokens<BlockQ2_K, 16, true>(row, x, x_stride, tokens, n, out, out_stride,
+                                                          [](const BlockQ2_K& b, Unpacked& u) { unpack_q2_k(b, u); });
+    case DType::IQ4_XS:
+      return dot_super_blocks_tokens<BlockIQ4_XS, 32, false>(
+          row, x, x_stride, tokens, n, out, out_stride, [](const BlockIQ4_XS& b, Unpacked& u) { unpack_iq4_xs(b, u); });
+    default:  // nothing to share between tokens
+      for (int64_t i = 0; i < tokens; ++i) out[i * out_stride] = dot_any(t, row, x + i * x_stride, n);
+  }
 }
 
 }  // namespace

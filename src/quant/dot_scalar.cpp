@@ -64,5 +64,9 @@ struct V {
 namespace spill::quant::detail {
 
 float dot_scalar(DType t, const void* row, const float* x, int64_t n) { return dot_any(t, row, x, n); }
+void dot_tokens_scalar(DType t, const void* row, const float* x, int64_t x_stride, int64_t tokens, int64_t n, float* out,
+                 int64_t out_stride) {
+  dot_tokens_any(t, row, x, x_stride, tokens, n, out, out_stride);
+}
 
 }  // namespace spill::quant::detail

@@ -33,6 +33,12 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* 
 // rounding, not bit for bit; dot(F32, widened F16/BF16 row) == dot(F16/BF16 row) exactly.
 float dot(DType t, const void* row, const float* x, int64_t n);
 
+// dot() of one row with each of n_tokens activation rows: out[i * out_stride] = dot(t, row,
+// x + i * x_stride, n), bit for bit, with the row's blocks unpacked once for every few tokens
+// (prefill and batched decode read each weight row once per group of tokens).
+void dot_tokens(DType t, const void* row, const float* x, int64_t x_stride, int64_t n_tokens, int64_t n, float* out,
+                int64_t out_stride);
+
 // The vector path dot() takes on this CPU: "avx512", "avx2" or "scalar" (the widest this CPU
 // runs, unless the environment variable SPILL_CPU_KERNELS names one).
 const char* cpu_kernel_path();

@@ -80,6 +80,7 @@ Rate read_bandwidth(spill::ThreadPool& pool, int threads, const std::vector<floa
 
 struct Result {
   Rate hot, cold;  // GB/s of weight bytes
+  Rate batch16;    // 16 tokens at once, in cache: G(weight x token) per second, in Rate's GB/s fields
 };
 
 Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t K, double min_seconds, size_t stream_bytes) {
@@ -97,7 +98,8 @@ Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t
   }
   std::vector<uint8_t> all(mat_bytes * n_mats);
   for (size_t i = 0; i < n_mats; ++i) std::memcpy(all.data() + i * mat_bytes, one.data(), mat_bytes);
-  std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(M));
+  constexpr int64_t kBatch = 16;
+  std::vector<float> x(static_cast<size_t>(K * kBatch)), y(static_cast<size_t>(M * kBatch));
   for (float& v : x) v = normal(rng);
   auto view_of = [&](size_t i) {
     spill::TensorView v;
@@ -114,6 +116,10 @@ Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t
   });
   r.cold = best_rate(min_seconds, threads, double(n_mats * mat_bytes), [&] {
     for (size_t i = 0; i < n_mats; ++i) spill::cpu::matmul(pool, x.data(), 1, view_of(i), y.data());
+  });
+  // Prefill-like: 16 tokens through the same matrix (weight-token products per second).
+  r.batch16 = best_rate(min_seconds, threads, double(M * K * kBatch), [&] {
+    spill::cpu::matmul(pool, x.data(), kBatch, view_of(0), y.data());
   });
   return r;
 }
@@ -136,13 +142,14 @@ int main(int argc, char** argv) {
     const Rate bw = read_bandwidth(pool, threads, buf, secs);
     std::printf("threads: %d, measured read bandwidth: %.1f GB/s wall, %.1f GB/s per CPU-second per thread\n\n",
                 threads, bw.wall, bw.cpu);
-    std::printf("| type | bits/weight | in cache GB/s (wall / cpu) | streamed GB/s (wall / cpu) | streamed / bandwidth (cpu) | streamed Gweights/s (cpu) |\n");
-    std::printf("|---|---|---|---|---|---|\n");
+    std::printf("| type | bits/weight | in cache GB/s (wall / cpu) | streamed GB/s (wall / cpu) | streamed / bandwidth (cpu) | streamed Gweights/s (cpu) | 16 tokens, in cache: Gweight-tokens/s (cpu) |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
     for (DType t : types) {
       const Result r = measure(pool, threads, t, M, K, secs, stream_bytes);
       const double bpw = spill::dtype_bits_per_weight(t);
-      std::printf("| %s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f |\n", std::string(spill::dtype_name(t)).c_str(),
-                  bpw, r.hot.wall, r.hot.cpu, r.cold.wall, r.cold.cpu, 100 * r.cold.cpu / bw.cpu, r.cold.cpu * 8 / bpw);
+      std::printf("| %s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f | %.2f |\n",
+                  std::string(spill::dtype_name(t)).c_str(), bpw, r.hot.wall, r.hot.cpu, r.cold.wall, r.cold.cpu,
+                  100 * r.cold.cpu / bw.cpu, r.cold.cpu * 8 / bpw, r.batch16.cpu);
       std::fflush(stdout);
     }
     std::printf("\n");

@@ -22,8 +22,9 @@ void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, fl
          dtype_block_elems(w.dtype));
   // Batch invariance: with several tokens a half-precision row is widened once and reused, which
   // gives the same bits as the fused dot (quant::dot reads F16/BF16 in exactly F32's order). A
-  // block-format row takes the fused dot for every n: its factored arithmetic (scales applied to
-  // sub-block sums) has no widened twin, and rereading a row from L1 costs little.
+  // block-format row takes the fused dot for every n (dot_tokens gives each token the bits
+  // quant::dot gives it alone): its factored arithmetic (scales applied to sub-block sums) has no
+  // widened twin.
   const bool widen = n > 1 && (w.dtype == DType::F16 || w.dtype == DType::BF16);
   pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
     std::vector<float> row;
@@ -33,8 +34,7 @@ void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, fl
         load_row(w, m, row.data());
         for (int64_t t = 0; t < n; ++t) y[t * M + m] = quant::dot(DType::F32, row.data(), x + t * K, K);
       } else {
-        const uint8_t* wrow = w.row_data(m);
-        for (int64_t t = 0; t < n; ++t) y[t * M + m] = quant::dot(w.dtype, wrow, x + t * K, K);
+        quant::dot_tokens(w.dtype, w.row_data(m), x, K, n, K, y + m, M);  // == quant::dot per token
       }
     }
   });
