@@ -9,6 +9,7 @@
 #include "engine/block_manager.h"
 #include "engine/stop_strings.h"
 #include "model/model.h"
+#include "model/quantize_on_load.h"
 #include "model/runner.h"
 
 namespace spill {
@@ -525,7 +526,8 @@ void Engine::Impl::publish_metrics() {
 // ---- the CPU backend -------------------------------------------------------------------------
 
 std::unique_ptr<Engine> open_cpu_engine(const CpuEngineOptions& options, const EngineConfig& config) {
-  std::unique_ptr<Model> model = Model::load(options.model_dir);
+  std::unique_ptr<Model> model = open_model(
+      {.path = options.model_dir, .quant = options.quant, .imatrix = options.imatrix, .n_threads = options.threads});
   const ModelSpec& spec = model->spec();
   const int32_t bs = options.kv.block_size;
   if (bs <= 0) fail("--block-size must be positive, got {}", bs);

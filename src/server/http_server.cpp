@@ -243,6 +243,8 @@ void HttpServer::load_model() {
     if (options_.max_waiting > 0) config.max_waiting = options_.max_waiting;
     config.max_model_len = options_.max_model_len;
     CpuEngineOptions cpu{.model_dir = options_.model_dir,
+                         .quant = options_.quant,
+                         .imatrix = options_.imatrix,
                          .kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes},
                          .threads = options_.threads,
                          .require_tokenizer = true};
