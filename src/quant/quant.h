@@ -23,4 +23,12 @@ float dot(DType t, const void* row, const float* x, int64_t n);
 // The vector path dot() takes on this CPU: "avx512", "avx2" or "scalar".
 const char* cpu_kernel_path();
 
+// The builds of dot(), for tests and benchmarks that compare them. Every path gives the same bits
+// for the same input; dot() takes the widest one cpu_supports.
+enum class KernelPath : uint8_t { Scalar, Avx2, Avx512 };
+bool cpu_supports(KernelPath p);
+const char* kernel_path_name(KernelPath p);
+// dot() on a given path; throws spill::Error if this CPU cannot run it.
+float dot_on(KernelPath p, DType t, const void* row, const float* x, int64_t n);
+
 }  // namespace spill::quant
