@@ -45,8 +45,12 @@ void print_quant_plan(const Model& model, const std::string& spec) {
   std::map<int, ClassTally> classes;
   // (class, role) -> type -> layers; fallbacks by (class, role, from, to, cols) -> layers.
   std::map<std::pair<int, int>, std::map<std::string, std::set<int>>> layer_types;
-  std::map<std::tuple<int, int, std::string, std::string, int64_t>, std::pair<std::set<int>, int64_t>> fallbacks;
-  std::map<std::tuple<int, int, int64_t>, std::string> fallback_reason;
+  struct Fallback {
+    std::set<int> layers;
+    int64_t count = 0;
+    std::string reason;
+  };
+  std::map<std::tuple<int, int, std::string, std::string, int64_t>, Fallback> fallbacks;
   int64_t before = 0, after = 0;
   for (const QuantPlanEntry& p : plan) {
     const DType to = p.choice.quantize ? p.choice.type : p.from;
@@ -60,15 +64,16 @@ void print_quant_plan(const Model& model, const std::string& spec) {
     if (p.choice.fell_back()) {
       auto& f = fallbacks[{int(p.cls), int(p.key.role), std::string(dtype_name(p.choice.wanted)),
                            std::string(dtype_name(p.choice.type)), p.cols}];
-      f.first.insert(p.key.layer);
-      f.second += 1;
-      fallback_reason[{int(p.cls), int(p.key.role), p.cols}] = p.choice.fallback_reason;
+      f.layers.insert(p.key.layer);
+      f.count += 1;
+      f.reason = p.choice.fallback_reason;
     }
   }
   auto layers_str = [](const std::set<int>& ls) {
+    if (ls.count(-1)) return std::string("model level");
     std::string s;
-    for (int l : ls) s += (s.empty() ? "" : ",") + (l < 0 ? std::string("-") : std::to_string(l));
-    return s;
+    for (int l : ls) s += (s.empty() ? "" : ",") + std::to_string(l);
+    return "layers " + s;
   };
   fmt::print("\nquantization   --quant {} -> {} (llama.cpp-style mix; docs/QUANT.md)\n", spec, mix.str());
   fmt::print("weights        {} -> {} ({:.3f} bits per quantizable weight)\n", human_bytes(before), human_bytes(after),
@@ -86,8 +91,8 @@ void print_quant_plan(const Model& model, const std::string& spec) {
   fmt::print("by role and layer:\n");
   for (auto& [key, types] : layer_types) {
     std::string s;
-    for (auto& [t, ls] : types) s += (s.empty() ? "" : "; ") + fmt::format("{} in layers {}", t, layers_str(ls));
-    fmt::print("  {:<10} {:<12} {}\n", quant::tensor_class_name(quant::TensorClass(key.first)),
+    for (auto& [t, ls] : types) s += (s.empty() ? "" : "; ") + fmt::format("{} in {}", t, layers_str(ls));
+    fmt::print("  {:<10} {:<18} {}\n", quant::tensor_class_name(quant::TensorClass(key.first)),
                weight_role_name(WeightRole(key.second)), s);
   }
   if (fallbacks.empty()) {
@@ -96,9 +101,8 @@ void print_quant_plan(const Model& model, const std::string& spec) {
     fmt::print("fallbacks (rows that are not a whole number of blocks of the type asked for):\n");
     for (auto& [k, f] : fallbacks) {
       auto& [cls, role, from, to, cols] = k;
-      fmt::print("  {} {} x{} (layers {}): {} -> {}: {}\n", quant::tensor_class_name(quant::TensorClass(cls)),
-                 weight_role_name(WeightRole(role)), f.second, layers_str(f.first), from, to,
-                 fallback_reason[{cls, role, cols}]);
+      fmt::print("  {} {} x{} ({}): {} -> {}: {}\n", quant::tensor_class_name(quant::TensorClass(cls)),
+                 weight_role_name(WeightRole(role)), f.count, layers_str(f.layers), from, to, f.reason);
     }
   }
 }

@@ -198,10 +198,10 @@ void run_batch(const RunBatchArgs& a) {
   if (a.kv_blocks > 0 && !a.kv_mem.empty()) fail("give the KV cache size once: --kv-blocks or --kv-mem, not both");
   CpuEngineOptions options{
       .model_dir = dir,
-      .quant = a.quant,
-      .imatrix = a.imatrix,
       .kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem.empty() ? 0 : parse_bytes(a.kv_mem)},
-      .threads = a.threads};
+      .threads = a.threads,
+      .quant = a.quant,
+      .imatrix = a.imatrix};
 
   std::ifstream in(a.prompts);
   if (!in) fail("{}: cannot read the prompts file", a.prompts);

@@ -118,11 +118,11 @@ int64_t resolve_kv_blocks(const ModelSpec& spec, const KvCapacity& capacity, int
 
 struct CpuEngineOptions {
   std::string model_dir;
-  std::string quant;    // --quant mix to quantize the weights with at load; "": as stored
-  std::string imatrix;  // importance matrix for that quantization; "": none
   KvCapacity kv{};
   int threads = 0;                 // <= 0: one per hardware thread
   bool require_tokenizer = false;  // fail when <model_dir>/tokenizer.json is missing
+  std::string quant;    // --quant mix to quantize the weights with at load; "": as stored
+  std::string imatrix;  // importance matrix for that quantization; "": none
 };
 // Loads a model folder (and its tokenizer.json when present) and starts an engine on the CPU
 // backend.

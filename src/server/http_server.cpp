@@ -243,11 +243,11 @@ void HttpServer::load_model() {
     if (options_.max_waiting > 0) config.max_waiting = options_.max_waiting;
     config.max_model_len = options_.max_model_len;
     CpuEngineOptions cpu{.model_dir = options_.model_dir,
-                         .quant = options_.quant,
-                         .imatrix = options_.imatrix,
                          .kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes},
                          .threads = options_.threads,
-                         .require_tokenizer = true};
+                         .require_tokenizer = true,
+                         .quant = options_.quant,
+                         .imatrix = options_.imatrix};
     auto engine = open_cpu_engine(cpu, config);
     chat_prompt_ = ChatPrompt::load(options_.model_dir, engine->tokenizer());
     defaults_ = GenerationDefaults::load(options_.model_dir);
