@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/model_bundle.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "model/runner.h"
@@ -29,39 +30,29 @@ struct GenerateArgs {
   bool temperature_given = false;
 };
 
-// Sampling defaults from the model's generation_config.json, as transformers applies them;
-// flags given on the command line win.
-void apply_generation_config(const std::string& dir, GenerateArgs& a) {
-  const auto path = std::filesystem::path(dir) / "generation_config.json";
-  if (!std::filesystem::exists(path)) return;
-  nlohmann::json g;
-  try {
-    std::ifstream in(path);
-    g = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
-  if (!g.is_object() || a.temperature_given) return;
-  if (g.value("do_sample", false)) {
-    if (g.contains("temperature") && g["temperature"].is_number()) a.sampling.temperature = g["temperature"].get<float>();
-    if (g.contains("top_p") && g["top_p"].is_number()) a.sampling.top_p = g["top_p"].get<float>();
-    if (g.contains("top_k") && g["top_k"].is_number_integer()) a.sampling.top_k = g["top_k"].get<int32_t>();
-  } else {
+// Sampling defaults the model ships with (generation_config.json, or a GGUF's general.sampling.*),
+// as transformers applies them; flags given on the command line win.
+void apply_sampling_defaults(const SamplingDefaults& d, GenerateArgs& a) {
+  if (a.temperature_given) return;
+  if (d.greedy) {
     a.sampling.temperature = 0;
+    return;
   }
+  if (d.temperature) a.sampling.temperature = *d.temperature;
+  if (d.top_p) a.sampling.top_p = *d.top_p;
+  if (d.top_k) a.sampling.top_k = *d.top_k;
 }
 
 void run_generate(GenerateArgs a) {
   using clock = std::chrono::steady_clock;
   const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-  apply_generation_config(dir, a);
-  a.sampling.validate();
   if (a.max_tokens < 0) fail("-n must be >= 0, got {}", a.max_tokens);
-  auto model = Model::load(dir);
+  ModelBundle bundle = open_model_bundle(dir, /*require_tokenizer=*/true);
+  apply_sampling_defaults(bundle.sampling, a);
+  a.sampling.validate();
+  std::unique_ptr<Model> model = std::move(bundle.model);
   const ModelSpec& spec = model->spec();
-  const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  if (!std::filesystem::exists(tok_path)) fail("{}: no tokenizer.json; spill generate needs one (use `spill logits` for ids)", dir);
-  Tokenizer tokenizer = Tokenizer::from_file(tok_path);
+  Tokenizer tokenizer = *bundle.tokenizer;
   std::vector<int32_t> prompt = tokenizer.encode(a.prompt, /*add_special=*/true);
   if (prompt.empty()) fail("the prompt encodes to no tokens; give some text with --prompt");
   const int64_t total = int64_t(prompt.size()) + a.max_tokens;
@@ -118,7 +109,7 @@ void run_generate(GenerateArgs a) {
 void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Complete a prompt and stream the text to stdout (CPU backend)");
   auto a = std::make_shared<GenerateArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", a->model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
   cmd->add_option("--prompt,-p", a->prompt, "prompt text")->required();
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
   auto* temp = cmd->add_option("--temperature,-t", a->sampling.temperature,

@@ -89,7 +89,7 @@ void run_info(const std::string& model_dir) {
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print a model's architecture, parameter count and bytes by tensor class");
   auto model = std::make_shared<std::string>();
-  cmd->add_option("--model", *model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", *model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
   cmd->callback([model] { run_info(model->empty() ? default_model_dir() : *model); });
 }
 

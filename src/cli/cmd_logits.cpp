@@ -45,7 +45,7 @@ void add_logits_command(CLI::App& app) {
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", a->model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
   cmd->add_option("--ids", a->ids, "comma-separated token ids, e.g. 1,2,3")->required();
   cmd->add_option("--out", a->out, "output .npy file")->required();
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");

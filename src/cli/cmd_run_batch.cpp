@@ -312,7 +312,7 @@ void add_run_batch_command(CLI::App& app) {
                                  "Run many prompts through the engine at once (continuous batching, CPU backend); "
                                  "results and timings as JSON lines");
   auto a = std::make_shared<RunBatchArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", a->model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
   cmd->add_option("--prompts", a->prompts,
                   "JSONL file, one request per line: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]}, with optional "
                   "max_tokens, temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, "
