@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "engine/model_bundle.h"
 #include "model/eval.h"
 #include "model/runner.h"
 #include "text/tokenizer.h"
@@ -36,10 +37,9 @@ std::string read_text(const std::string& path) {
 
 void run_eval(EvalArgs a) {
   const std::string dir = a.model.dir();
-  const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  if (!std::filesystem::exists(tok_path)) fail("{}: no tokenizer.json; spill eval needs one to tokenize --text", dir);
-  const Tokenizer tokenizer = Tokenizer::from_file(tok_path);
   const std::string text = read_text(a.text);
+  ModelBundle bundle = open_model_bundle(dir, /*require_tokenizer=*/true);
+  const Tokenizer& tokenizer = *bundle.tokenizer;
   // As llama-perplexity: the whole text tokenized once, with the tokenizer's special tokens, and
   // when that adds a BOS every window starts with it.
   const std::vector<int32_t> tokens = tokenizer.encode(text, /*add_special=*/true);
@@ -50,12 +50,13 @@ void run_eval(EvalArgs a) {
 
   const int32_t block_size = 16;
   const KvCacheConfig kv{.block_size = block_size, .n_blocks = (a.eval.ctx + block_size - 1) / block_size};
-  auto model = open_model(a.model, a.threads);
+  std::unique_ptr<Model> model = std::move(bundle.model);
+  quantize_as_flagged(*model, a.model, a.threads);
   auto runner = make_cpu_runner(*model, kv, a.threads);
   std::unique_ptr<Model> ref_model;
   std::unique_ptr<ModelRunner> ref_runner;
   if (!a.reference.empty()) {
-    ModelFlags rf{.model = a.reference, .quant = a.reference_quant, .imatrix = ""};
+    const ModelFlags rf{.model = a.reference, .quant = a.reference_quant, .imatrix = ""};
     ref_model = open_model(rf, a.threads);
     ref_runner = make_cpu_runner(*ref_model, kv, a.threads);
   } else if (!a.reference_quant.empty()) {

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "engine/model_bundle.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "model/runner.h"
@@ -34,48 +35,37 @@ struct GenerateArgs {
   bool temperature_given = false;
 };
 
-// Sampling defaults from the model's generation_config.json, as transformers applies them;
-// flags given on the command line win.
-void apply_generation_config(const std::string& dir, GenerateArgs& a) {
-  const auto path = std::filesystem::path(dir) / "generation_config.json";
-  if (!std::filesystem::exists(path)) return;
-  nlohmann::json g;
-  try {
-    std::ifstream in(path);
-    g = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
-  if (!g.is_object() || a.temperature_given) return;
-  if (g.value("do_sample", false)) {
-    if (g.contains("temperature") && g["temperature"].is_number()) a.sampling.temperature = g["temperature"].get<float>();
-    if (g.contains("top_p") && g["top_p"].is_number()) a.sampling.top_p = g["top_p"].get<float>();
-    if (g.contains("top_k") && g["top_k"].is_number_integer()) a.sampling.top_k = g["top_k"].get<int32_t>();
-  } else {
+// Sampling defaults the model ships with (generation_config.json, or a GGUF's general.sampling.*),
+// as transformers applies them; flags given on the command line win.
+void apply_sampling_defaults(const SamplingDefaults& d, GenerateArgs& a) {
+  if (a.temperature_given) return;
+  if (d.greedy) {
     a.sampling.temperature = 0;
+    return;
   }
+  if (d.temperature) a.sampling.temperature = *d.temperature;
+  if (d.top_p) a.sampling.top_p = *d.top_p;
+  if (d.top_k) a.sampling.top_k = *d.top_k;
 }
 
 void run_generate(GenerateArgs a) {
   using clock = std::chrono::steady_clock;
   const std::string dir = a.model.dir();
-  apply_generation_config(dir, a);
-  if (a.print_ids && !a.temperature_given) a.sampling.temperature = 0;  // ids for comparison: greedy
-  a.sampling.validate();
   if (a.max_tokens < 0) fail("-n must be >= 0, got {}", a.max_tokens);
   if (a.prompt.empty() == a.prompt_ids.empty()) fail("give the prompt once: --prompt TEXT or --prompt-ids 1,2,3");
   // Ids in and out need no tokenizer: the way other engines' tools are driven for comparisons.
-  std::optional<Tokenizer> tokenizer;
-  const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  if (!a.print_ids || a.prompt_ids.empty()) {
-    if (!std::filesystem::exists(tok_path))
-      fail("{}: no tokenizer.json; without one give --prompt-ids and --print-ids (or use `spill logits`)", dir);
-    tokenizer = Tokenizer::from_file(tok_path);
-  }
+  const bool ids_only = a.print_ids && !a.prompt_ids.empty();
+  ModelBundle bundle = open_model_bundle(dir, /*require_tokenizer=*/!ids_only);
+  apply_sampling_defaults(bundle.sampling, a);
+  if (a.print_ids && !a.temperature_given) a.sampling.temperature = 0;  // ids for comparison: greedy
+  a.sampling.validate();
+  std::optional<Tokenizer> tokenizer = std::move(bundle.tokenizer);
+  if (ids_only) tokenizer.reset();
   std::vector<int32_t> prompt =
       a.prompt_ids.empty() ? tokenizer->encode(a.prompt, /*add_special=*/true) : parse_token_ids(a.prompt_ids, "--prompt-ids");
   if (prompt.empty()) fail("the prompt encodes to no tokens; give some text with --prompt");
-  auto model = open_model(a.model, a.threads, a.quiet);
+  std::unique_ptr<Model> model = std::move(bundle.model);
+  quantize_as_flagged(*model, a.model, a.threads, a.quiet);
   const ModelSpec& spec = model->spec();
   for (int32_t id : prompt)
     if (id >= spec.vocab_size) fail("--prompt-ids: {} is not below the vocabulary size {}", id, spec.vocab_size);

@@ -315,7 +315,7 @@ void add_run_batch_command(CLI::App& app) {
                                  "Run many prompts through the engine at once (continuous batching, CPU backend); "
                                  "results and timings as JSON lines");
   auto a = std::make_shared<RunBatchArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", a->model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
   cmd->add_option("--quant", a->quant, "quantize the weights at load (see spill info --help, docs/QUANT.md)");
   cmd->add_option("--imatrix", a->imatrix, "importance matrix for --quant (llama.cpp legacy imatrix.dat)");
   cmd->add_option("--prompts", a->prompts,

@@ -32,7 +32,7 @@ std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag) 
 std::string ModelFlags::dir() const { return model.empty() ? default_model_dir() : model; }
 
 void add_model_flags(CLI::App* cmd, ModelFlags& flags) {
-  cmd->add_option("--model", flags.model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", flags.model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
   cmd->add_option("--quant", flags.quant,
                   "quantize the weights at load: a preset (q8_0, q6_k, q5_k_m, q4_k_m, q3_k_m, q2_k, iq4_xs, "
                   "mxfp4_moe, ...), class=type pairs (experts=q3_k,attention=q8_0,embed=q8_0,head=q6_k), or both "
@@ -42,16 +42,20 @@ void add_model_flags(CLI::App* cmd, ModelFlags& flags) {
 }
 
 std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet) {
-  QuantizeReport r;
-  auto model = spill::open_model(
-      {.path = flags.dir(), .quant = flags.quant, .imatrix = flags.imatrix, .n_threads = threads}, &r);
+  std::unique_ptr<Model> model = Model::load(flags.dir());
+  quantize_as_flagged(*model, flags, threads, quiet);
+  return model;
+}
+
+void quantize_as_flagged(Model& model, const ModelFlags& flags, int threads, bool quiet) {
+  const QuantizeReport r =
+      quantize_as_asked(model, {.quant = flags.quant, .imatrix = flags.imatrix, .n_threads = threads});
   if (!quiet && r.n_tensors)
     fmt::print(stderr, "[spill] quantized {} tensors ({}) in {:.2f} s: {:.2f} MiB -> {:.2f} MiB{}\n", r.n_tensors,
                quant::parse_quant_mix(flags.quant).str(), r.seconds, r.bytes_before / 1048576.0,
                r.bytes_after / 1048576.0,
                r.n_fallbacks ? fmt::format(", {} row-width fallbacks (spill info --quant lists them)", r.n_fallbacks)
                              : "");
-  return model;
 }
 
 }  // namespace spill::cli

@@ -21,8 +21,11 @@ struct ModelFlags {
 // Adds --model, --quant and --imatrix to cmd, writing into flags (which must outlive cmd).
 void add_model_flags(CLI::App* cmd, ModelFlags& flags);
 
-// Opens the model the flags name on `threads` CPU threads; when quantizing, says so on stderr
-// (what, how long, how big) unless quiet.
+// Quantizes a loaded model as the flags ask, on `threads` CPU threads; says so on stderr (what,
+// how long, how big) unless quiet.
+void quantize_as_flagged(Model& model, const ModelFlags& flags, int threads, bool quiet = false);
+// Model::load of the flags' path (folder or GGUF), then quantize_as_flagged: for commands that
+// need no tokenizer (logits, info, a reference model); the others open a ModelBundle.
 std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet = false);
 
 // "1,2,3" -> ids; a clear error naming `flag` for anything else.

@@ -282,18 +282,17 @@ ImportanceMatrix load_importance_matrix(const std::string& path, const Model& mo
   return im;
 }
 
-std::unique_ptr<Model> open_model(const ModelOpenOptions& options, QuantizeReport* report) {
-  if (options.quant.empty() && !options.imatrix.empty())
-    fail("--imatrix {} was given without --quant; the importance matrix only guides quantization", options.imatrix);
-  const quant::QuantMix mix = options.quant.empty() ? quant::QuantMix{} : quant::parse_quant_mix(options.quant);
-  std::unique_ptr<Model> model = Model::load(options.path);
-  if (mix.empty()) return model;
+QuantizeReport quantize_as_asked(Model& model, const QuantRequest& request) {
+  if (request.quant.empty()) {
+    if (!request.imatrix.empty())
+      fail("--imatrix {} was given without --quant; the importance matrix only guides quantization", request.imatrix);
+    return {};
+  }
+  const quant::QuantMix mix = quant::parse_quant_mix(request.quant);
   ImportanceMatrix importance;
-  if (!options.imatrix.empty()) importance = load_importance_matrix(options.imatrix, *model);
-  const QuantizeReport r = quantize_model(
-      *model, mix, {.importance = options.imatrix.empty() ? nullptr : &importance, .n_threads = options.n_threads});
-  if (report) *report = r;
-  return model;
+  if (!request.imatrix.empty()) importance = load_importance_matrix(request.imatrix, model);
+  return quantize_model(model, mix,
+                        {.importance = request.imatrix.empty() ? nullptr : &importance, .n_threads = request.n_threads});
 }
 
 }  // namespace spill

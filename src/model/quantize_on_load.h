@@ -63,13 +63,14 @@ QuantizeReport quantize_model(Model& model, const quant::QuantMix& mix, const Qu
 // Throws spill::Error on a malformed file, an unknown name or a column count that disagrees.
 ImportanceMatrix load_importance_matrix(const std::string& path, const Model& model);
 
-// The one way every command opens a model: load it, then quantize it when a mix is given.
-struct ModelOpenOptions {
-  std::string path;     // a Hugging Face folder
+// What --quant / --imatrix ask for, as every command takes them.
+struct QuantRequest {
   std::string quant;    // a --quant spec; empty: the weights as stored
   std::string imatrix;  // a legacy imatrix.dat for the quantizers; empty: none
   int n_threads = 0;
 };
-std::unique_ptr<Model> open_model(const ModelOpenOptions& options, QuantizeReport* report = nullptr);
+// Quantizes a loaded model as asked (nothing when quant is empty). Every command that opens a
+// model calls this right after loading it (engine/model_bundle or Model::load).
+QuantizeReport quantize_as_asked(Model& model, const QuantRequest& request);
 
 }  // namespace spill
