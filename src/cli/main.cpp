@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   spill::cli::add_serve_command(app);
   spill::cli::add_eval_command(app);
   spill::cli::add_dequant_command(app);
+  spill::cli::add_quantize_command(app);
 
   try {
     app.parse(argc, argv);

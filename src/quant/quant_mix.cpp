@@ -16,16 +16,17 @@ struct PresetInfo {
   Preset preset;
   std::string_view name;
   DType base;  // the type every quantizable tensor gets unless a rule below says otherwise
+  int32_t llama_ftype;  // llama.cpp's enum llama_ftype (general.file_type in a GGUF file)
 };
 
 constexpr PresetInfo kPresets[] = {
-    {Preset::F16, "f16", DType::F16},         {Preset::BF16, "bf16", DType::BF16},
-    {Preset::Q8_0, "q8_0", DType::Q8_0},      {Preset::Q6_K, "q6_k", DType::Q6_K},
-    {Preset::Q5_K_M, "q5_k_m", DType::Q5_K},  {Preset::Q5_K_S, "q5_k_s", DType::Q5_K},
-    {Preset::Q4_K_M, "q4_k_m", DType::Q4_K},  {Preset::Q4_K_S, "q4_k_s", DType::Q4_K},
-    {Preset::Q3_K_L, "q3_k_l", DType::Q3_K},  {Preset::Q3_K_M, "q3_k_m", DType::Q3_K},
-    {Preset::Q3_K_S, "q3_k_s", DType::Q3_K},  {Preset::Q2_K, "q2_k", DType::Q2_K},
-    {Preset::IQ4_XS, "iq4_xs", DType::IQ4_XS}, {Preset::MXFP4_MOE, "mxfp4_moe", DType::MXFP4},
+    {Preset::F16, "f16", DType::F16, 1},          {Preset::BF16, "bf16", DType::BF16, 32},
+    {Preset::Q8_0, "q8_0", DType::Q8_0, 7},       {Preset::Q6_K, "q6_k", DType::Q6_K, 18},
+    {Preset::Q5_K_M, "q5_k_m", DType::Q5_K, 17},  {Preset::Q5_K_S, "q5_k_s", DType::Q5_K, 16},
+    {Preset::Q4_K_M, "q4_k_m", DType::Q4_K, 15},  {Preset::Q4_K_S, "q4_k_s", DType::Q4_K, 14},
+    {Preset::Q3_K_L, "q3_k_l", DType::Q3_K, 13},  {Preset::Q3_K_M, "q3_k_m", DType::Q3_K, 12},
+    {Preset::Q3_K_S, "q3_k_s", DType::Q3_K, 11},  {Preset::Q2_K, "q2_k", DType::Q2_K, 10},
+    {Preset::IQ4_XS, "iq4_xs", DType::IQ4_XS, 30}, {Preset::MXFP4_MOE, "mxfp4_moe", DType::MXFP4, 38},
 };
 
 const PresetInfo& info(Preset p) {
@@ -123,6 +124,8 @@ DType preset_type(Preset p, const MixModelShape& m, const TensorSlot& t) {
 }  // namespace
 
 std::string_view tensor_class_name(TensorClass c) { return kClassNames[int(c)]; }
+
+int32_t preset_llama_ftype(Preset p) { return p == Preset::None ? -1 : info(p).llama_ftype; }
 
 std::string_view preset_name(Preset p) { return p == Preset::None ? "none" : info(p).name; }
 

@@ -35,6 +35,8 @@ enum class Preset : uint8_t {
   F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, IQ4_XS, MXFP4_MOE,
 };
 std::string_view preset_name(Preset p);  // "q4_k_m"
+// llama.cpp's llama_ftype of the preset (GGUF general.file_type), -1 for None.
+int32_t preset_llama_ftype(Preset p);
 // Every preset, for messages and tests.
 const std::vector<Preset>& all_presets();
 
