@@ -272,7 +272,7 @@ TEST(QuantizeOnLoad, RefusesImatrixWithoutQuant) {
   const fs::path dir = temp_dir("noquant");
   spill::testing::write_random_model(dir.string(), block_model(false));
   auto model = Model::load(dir.string());
-  EXPECT_THROW(quantize_as_asked(*model, {.imatrix = "x.dat"}), Error);
+  EXPECT_THROW(quantize_as_asked(*model, {.quant = "", .imatrix = "x.dat"}), Error);
   EXPECT_EQ(quantize_as_asked(*model, {}).n_tensors, 0);
   fs::remove_all(dir);
 }

@@ -60,8 +60,17 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--with-load", action="store_true", help="also evaluate quantize on load (spill eval --quant)")
+    ap.add_argument("--chars", type=int, default=0, help="use only the text's first N characters (whole lines)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
+    if a.chars:
+        with open(a.text, encoding="utf-8") as f:
+            text = f.read()
+        cut = text.rfind("\n", 0, a.chars) + 1
+        a.text = os.path.join(a.work, "text.txt")
+        with open(a.text, "w", encoding="utf-8") as f:
+            f.write(text[:cut])
     base_logits = os.path.join(a.work, "bf16.kld")
     run([os.path.join(a.llama_bin, "llama-perplexity"), "-m", a.bf16_gguf, "-f", a.text, "-c", str(a.ctx),
          "--kl-divergence-base", base_logits, "-t", str(a.threads)])
@@ -74,7 +83,8 @@ def main():
         run([os.path.join(a.llama_bin, "llama-quantize"), a.bf16_gguf, lq, t.upper(), str(a.threads)])
         run([a.spill, "quantize", "--model", a.model, "--quant", t, "--out", sq, "--threads", str(a.threads)])
         row = {"type": t, "llama_bytes": os.path.getsize(lq), "spill_bytes": os.path.getsize(sq)}
-        row["spill_load"] = spill_eval(a, a.model, t, os.path.join(a.work, f"load-{t}.json"))
+        if a.with_load:  # bit-identical to the spill file (tests/cli_quant_test.cpp); costs a run
+            row["spill_load"] = spill_eval(a, a.model, t, os.path.join(a.work, f"load-{t}.json"))
         row["spill_file_by_spill"] = spill_eval(a, sq, "", os.path.join(a.work, f"sfile-{t}.json"))
         row["llama_file_by_spill"] = spill_eval(a, lq, "", os.path.join(a.work, f"lfile-{t}.json"))
         row["spill_file_by_llama"] = llama_kld(a, sq, base_logits)
@@ -94,8 +104,9 @@ def main():
             print(f"| {r['type']} | {size} | {ev} | {s['ppl']:.4f} / {l['ppl']:.4f} | {s['kld_mean']:.6f} / "
                   f"{l['kld_mean']:.6f} | {s['kld_p99']:.5f} / {l['kld_p99']:.5f} | {100 * s['top1']:.2f} / "
                   f"{100 * l['top1']:.2f} % |")
-    print("\nquantize on load (spill eval --quant TYPE, no file):")
-    for r in rows:
+    if a.with_load:
+        print("\nquantize on load (spill eval --quant TYPE, no file):")
+    for r in rows if a.with_load else []:
         s = r["spill_load"]
         print(f"  {r['type']}: PPL {s['ppl']:.4f}, mean KLD {s['kld_mean']:.6f}, 99% KLD {s['kld_p99']:.5f}, "
               f"same top {100 * s['top1']:.2f} %")
