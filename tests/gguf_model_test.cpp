@@ -8,6 +8,7 @@
 // where absent; tools/gpu/convert_gguf.sh makes them, see /work/gguf/README.md).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -209,9 +210,19 @@ std::vector<std::string> awkward_texts() {
   return t;
 }
 
-TEST(ConvertedGgufSpillTiny, TokenizerEqualsTokenizerJson) {
-  REQUIRE_FILE(spill_tiny_gguf());
-  auto file = gguf::GgufFile::open(spill_tiny_gguf());
+// The tokenizer and template of spill-tiny as llama.cpp's converter wrote them: in the converted
+// file under /work/gguf, and in tests/data/gguf/tiny-qwen3moe.gguf, which carries that file's
+// metadata with the model shrunk (tools/fixtures/make_tiny_gguf.cpp), so these run everywhere.
+class SpillTinyVocab : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string path() const {
+    return GetParam() == "committed" ? std::string(SPILL_TEST_DATA) + "/gguf/tiny-qwen3moe.gguf" : spill_tiny_gguf();
+  }
+};
+
+TEST_P(SpillTinyVocab, TokenizerEqualsTokenizerJson) {
+  REQUIRE_FILE(path());
+  auto file = gguf::GgufFile::open(path());
   const Tokenizer gg = gguf_tokenizer(*file);
   const Tokenizer hf = Tokenizer::from_file(spill_tiny_dir() + "/tokenizer.json");
   EXPECT_EQ(gg.vocab_size(), hf.vocab_size());
@@ -237,9 +248,9 @@ TEST(ConvertedGgufSpillTiny, TokenizerEqualsTokenizerJson) {
   }
 }
 
-TEST(ConvertedGgufSpillTiny, ChatTemplateRendersIdentically) {
-  REQUIRE_FILE(spill_tiny_gguf());
-  const ChatTemplate gg = open_chat_template(spill_tiny_gguf());
+TEST_P(SpillTinyVocab, ChatTemplateRendersIdentically) {
+  REQUIRE_FILE(path());
+  const ChatTemplate gg = open_chat_template(path());
   const ChatTemplate hf = open_chat_template(spill_tiny_dir());
   ASSERT_TRUE(gg.has_template());
   const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {
@@ -261,6 +272,26 @@ TEST(ConvertedGgufSpillTiny, ChatTemplateRendersIdentically) {
         EXPECT_EQ(gg.render(messages, t, gen, nullptr), hf.render(messages, t, gen, nullptr)) << messages.dump();
       }
   EXPECT_EQ(gg.special_tokens().value("eos_token", ""), hf.special_tokens().value("eos_token", ""));
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, SpillTinyVocab, ::testing::Values("committed", "converted"));
+
+// The committed file end to end through the bundle every command uses: model, tokenizer, EOS.
+TEST(GgufBundle, CommittedFileOpensWithEverything) {
+  const std::string path = std::string(SPILL_TEST_DATA) + "/gguf/tiny-qwen3moe.gguf";
+  ModelBundle b = open_model_bundle(path, true);
+  ASSERT_TRUE(b.tokenizer);
+  const ModelSpec& s = b.model->spec();
+  EXPECT_EQ(s.arch, Arch::Qwen3Moe);
+  EXPECT_EQ(s.hidden_size, 16);
+  EXPECT_EQ(s.vocab_size, 8192);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  EXPECT_EQ(s.eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(b.tokenizer->token_text(2), "<|im_end|>");
+  ASSERT_TRUE(b.sampling.temperature);
+  EXPECT_FLOAT_EQ(*b.sampling.temperature, 0.7f);  // general.sampling.temp
+  const std::vector<float> logits = testing::all_logits(*b.model, b.tokenizer->encode("def f(x):\n    return x"));
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
 }  // namespace
