@@ -8,6 +8,8 @@
 
 #include "backend/cpu/ops.h"
 #include "core/dtype.h"
+#include "core/error.h"
+#include "quant/quant.h"
 
 namespace {
 
@@ -96,6 +98,109 @@ TEST(Matmul, TokenResultIndependentOfBatch) {
       for (int64_t m = 0; m < M; ++m) ASSERT_EQ(alone[size_t(m)], batched[size_t(t * M + m)]) << "bitwise, t=" << t;
     }
   }
+}
+
+// ---- block formats ----------------------------------------------------------------------
+// A [rows, cols] matrix of Gaussian weights quantized by spill's quantizer into `dtype`.
+struct QuantTensor {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+};
+QuantTensor quantized_tensor(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  QuantTensor t;
+  const int64_t rb = spill::row_bytes(dtype, cols);
+  t.bytes.resize(size_t(rows * rb));
+  std::vector<float> w = random_vector(static_cast<size_t>(cols), rng);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : w) v *= 0.9f + 0.2f * float(r % 3);  // rows of different scales
+    spill::quant::quantize_row(dtype, w.data(), t.bytes.data() + r * rb, cols);
+    w = random_vector(static_cast<size_t>(cols), rng);
+  }
+  t.view.data = t.bytes.data();
+  t.view.dtype = dtype;
+  t.view.ndim = 2;
+  t.view.shape = {rows, cols, 0, 0};
+  return t;
+}
+
+const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
+                             DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+
+class BlockMatmulTest : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, int64_t>> {};
+
+// Each output is the row's quant::dot with the token (whose accuracy against a float64 dot of the
+// dequantized row quant_test checks): bit for bit, at every n, on rows that are not powers of two.
+TEST_P(BlockMatmulTest, EveryOutputIsTheRowDot) {
+  auto [dtype, n, M, blocks] = GetParam();
+  const int64_t K = blocks * spill::dtype_block_elems(dtype);
+  std::mt19937 rng(uint32_t(n * 131 + M * 7 + K));
+  QuantTensor w = quantized_tensor(dtype, M, K, rng);
+  std::vector<float> x = random_vector(static_cast<size_t>(n * K), rng);
+  std::vector<float> y(static_cast<size_t>(n * M), NAN);
+  spill::ThreadPool pool(3);
+  spill::cpu::matmul(pool, x.data(), n, w.view, y.data());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t m = 0; m < M; ++m) {
+      const float expected = spill::quant::dot(dtype, w.view.row_data(m), x.data() + t * K, K);
+      ASSERT_EQ(y[size_t(t * M + m)], expected) << "t=" << t << " m=" << m;
+      ASSERT_EQ(spill::cpu::dot_row(x.data() + t * K, w.view, m), expected);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BlockMatmulTest,
+                         ::testing::Combine(::testing::ValuesIn(kBlockTypes),
+                                            ::testing::Values(int64_t(1), int64_t(3), int64_t(17)),
+                                            ::testing::Values(int64_t(1), int64_t(37)),
+                                            ::testing::Values(int64_t(1), int64_t(3))),
+                         [](const auto& info) {
+                           return std::string(spill::dtype_name(std::get<0>(info.param))) + "_n" +
+                                  std::to_string(std::get<1>(info.param)) + "_M" +
+                                  std::to_string(std::get<2>(info.param)) + "_blocks" +
+                                  std::to_string(std::get<3>(info.param));
+                         });
+
+TEST(BlockMatmul, TokenResultIndependentOfBatch) {
+  for (DType dtype : kBlockTypes) {
+    std::mt19937 rng(5);
+    const int64_t M = 45, K = 3 * 256, n = 13;
+    QuantTensor w = quantized_tensor(dtype, M, K, rng);
+    std::vector<float> x = random_vector(static_cast<size_t>(n * K), rng);
+    std::vector<float> batched(static_cast<size_t>(n * M)), alone(static_cast<size_t>(M));
+    spill::ThreadPool pool(2);
+    spill::cpu::matmul(pool, x.data(), n, w.view, batched.data());
+    for (int64_t t = 0; t < n; ++t) {
+      spill::cpu::matmul(pool, x.data() + t * K, 1, w.view, alone.data());
+      for (int64_t m = 0; m < M; ++m)
+        ASSERT_EQ(alone[size_t(m)], batched[size_t(t * M + m)]) << spill::dtype_name(dtype) << " bitwise, t=" << t;
+    }
+  }
+}
+
+// Embedding rows (load_row) are the dequantized rows, at any row index.
+TEST(BlockMatmul, LoadRowIsTheDequantizedRow) {
+  for (DType dtype : kBlockTypes) {
+    std::mt19937 rng(9);
+    const int64_t M = 7, K = 512;
+    QuantTensor w = quantized_tensor(dtype, M, K, rng);
+    std::vector<float> got(static_cast<size_t>(K)), expected(static_cast<size_t>(K));
+    for (int64_t m = 0; m < M; ++m) {
+      spill::cpu::load_row(w.view, m, got.data());
+      spill::quant::dequantize_row(dtype, w.bytes.data() + m * spill::row_bytes(dtype, K), expected.data(), K);
+      ASSERT_EQ(got, expected) << spill::dtype_name(dtype) << " row " << m;
+    }
+  }
+}
+
+TEST(BlockMatmul, RejectsRowsThatAreNotWholeBlocks) {
+  std::vector<uint8_t> bytes(4096);
+  TensorView w;
+  w.data = bytes.data();
+  w.dtype = DType::Q4_K;
+  w.ndim = 2;
+  w.shape = {2, 100, 0, 0};
+  std::vector<float> x(100), y(2);
+  spill::ThreadPool pool(1);
+  EXPECT_THROW(spill::cpu::matmul(pool, x.data(), 1, w, y.data()), spill::Error);
 }
 
 TEST(RmsNorm, MatchesReference) {

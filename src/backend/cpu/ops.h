@@ -1,4 +1,4 @@
-// CPU kernels, fp32 arithmetic over weights stored as F32, BF16 or F16. They are the reference
+// CPU kernels, fp32 arithmetic over weights stored as F32, BF16, F16 or a ggml block format (src/quant).
 // the CUDA kernels are tested against, so each computes every output element in an order that
 // does not depend on the batch: a token's result is the same alone or in any batch.
 #pragma once

@@ -1,0 +1,375 @@
+// The block-format dequantizers against llama.cpp's: fixtures made by gguf-py's numpy port of
+// ggml-quants.c (tools/fixtures/make_quant_fixtures.py) on random blocks, compared bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "formats/npy.h"
+#include "quant/quant.h"
+
+namespace {
+
+using spill::DType;
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+class DequantizeFixture : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DequantizeFixture, BitExactAgainstGgufPy) {
+  const DType t = GetParam();
+  const std::string base = std::string(SPILL_TEST_DATA) + "/quant/" + lower(spill::dtype_name(t));
+  const std::vector<uint8_t> blocks = read_bytes(base + ".bin");
+  const spill::NpyArray expected = spill::read_npy_f32(base + ".npy");
+  const int64_t n = int64_t(expected.data.size());
+  ASSERT_EQ(int64_t(blocks.size()), spill::row_bytes(t, n)) << "fixture sizes disagree";
+  std::vector<float> got(size_t(n), -1.0f);
+  spill::quant::dequantize_row(t, blocks.data(), got.data(), n);
+  int mismatches = 0;
+  for (int64_t i = 0; i < n && mismatches < 5; ++i) {
+    if (bits_of(got[size_t(i)]) != bits_of(expected.data[size_t(i)])) {
+      ADD_FAILURE() << spill::dtype_name(t) << " weight " << i << " (block " << i / spill::dtype_block_elems(t)
+                    << "): spill " << got[size_t(i)] << ", gguf-py " << expected.data[size_t(i)];
+      ++mismatches;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, DequantizeFixture,
+                         ::testing::Values(DType::F16, DType::BF16, DType::Q8_0, DType::Q6_K, DType::Q5_K,
+                                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4),
+                         [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
+
+TEST(Dequantize, RejectsPartialBlocks) {
+  std::vector<uint8_t> bytes(1024);
+  std::vector<float> out(300);
+  EXPECT_THROW(spill::quant::dequantize_row(DType::Q4_K, bytes.data(), out.data(), 300), spill::Error);
+  EXPECT_THROW(spill::quant::dequantize_row(DType::Q8_0, bytes.data(), out.data(), 33), spill::Error);
+}
+
+}  // namespace
+
+// ---- dot products ----------------------------------------------------------------------
+
+namespace {
+
+// Byte offsets of a block's f16 scale fields, and of its f16 min-scale (dmin) where it has one.
+struct ScaleFields {
+  std::vector<int> f16;  // every f16 field
+  int d = -1;            // the field that scales the quants
+  int dmin = -1;         // the field that scales the mins
+};
+ScaleFields scale_fields(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {{0}, 0, -1};
+    case DType::Q6_K: return {{208}, 208, -1};
+    case DType::Q5_K:
+    case DType::Q4_K: return {{0, 2}, 0, 2};
+    case DType::Q3_K: return {{108}, 108, -1};
+    case DType::Q2_K: return {{80, 82}, 80, 82};
+    case DType::IQ4_XS: return {{0}, 0, -1};
+    default: return {};
+  }
+}
+
+// Random bytes of a row of n weights: uniform quants, finite f16 scales of sane size, e8m0
+// exponents near 1, half-precision floats of moderate size.
+std::vector<uint8_t> random_row(DType t, int64_t n, std::mt19937& rng) {
+  std::vector<uint8_t> bytes(size_t(spill::row_bytes(t, n)));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : bytes) b = uint8_t(byte(rng));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  if (t == DType::F32) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = normal(rng);
+      std::memcpy(bytes.data() + 4 * i, &v, 4);
+    }
+    return bytes;
+  }
+  if (t == DType::F16 || t == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = normal(rng);
+      const uint16_t h = t == DType::F16 ? spill::f32_to_f16(v) : spill::f32_to_bf16(v);
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
+    }
+    return bytes;
+  }
+  const int64_t bb = spill::dtype_traits(t).block_bytes, nb = n / spill::dtype_block_elems(t);
+  std::uniform_real_distribution<float> log_scale(-12.0f, -2.0f);
+  std::uniform_int_distribution<int> exponent(118, 130);
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t* block = bytes.data() + i * bb;
+    if (t == DType::MXFP4) block[0] = uint8_t(exponent(rng));
+    for (int off : scale_fields(t).f16) {
+      const uint16_t h = spill::f32_to_f16(std::exp2(log_scale(rng)));
+      std::memcpy(block + off, &h, 2);
+    }
+  }
+  return bytes;
+}
+
+// The row with one f16 field of every block set to zero (to separate d*q from the mins).
+std::vector<uint8_t> zero_field(DType t, std::vector<uint8_t> bytes, int off) {
+  const int64_t bb = spill::dtype_traits(t).block_bytes;
+  for (size_t i = 0; i < bytes.size(); i += size_t(bb)) bytes[i + size_t(off)] = bytes[i + size_t(off) + 1] = 0;
+  return bytes;
+}
+
+struct DotReference {
+  double exact;      // float64 dot of the dequantized row
+  double tolerance;  // fp32 rounding bound (see below)
+};
+
+// The dot kernels compute sum_j d_j * sum_i(q_i x_i) - m_j * sum_i(x_i) in fp32: every term passes
+// through at most k = (n/16 + 12) roundings (products, the sub-block chain, the scale fma, the
+// accumulator chain of n/32 sub-blocks per lane, the 4-step reduction, the final subtraction; plain
+// floats add one per weight of the n % 32 tail, summed one at a time), and the dequantized weights
+// the reference uses are themselves d_j q - m_j rounded twice. So
+// |error| <= (k + 2) u sum_i (|d_j q_i| + |m_j|) |x_i| with u = 2^-24; d_j q_i and m_j come from
+// dequantizing the row with dmin and then d zeroed.
+DotReference dot_reference(DType t, const std::vector<uint8_t>& row, const std::vector<float>& x) {
+  const int64_t n = int64_t(x.size());
+  std::vector<float> w(static_cast<size_t>(n)), quants(static_cast<size_t>(n)), mins(static_cast<size_t>(n), 0.0f);
+  spill::quant::dequantize_row(t, row.data(), w.data(), n);
+  const ScaleFields f = scale_fields(t);
+  if (f.dmin >= 0) {
+    spill::quant::dequantize_row(t, zero_field(t, row, f.dmin).data(), quants.data(), n);
+    spill::quant::dequantize_row(t, zero_field(t, row, f.d).data(), mins.data(), n);
+  } else {
+    quants = w;
+  }
+  double exact = 0, magnitude = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    exact += double(w[size_t(i)]) * double(x[size_t(i)]);
+    magnitude += (std::fabs(double(quants[size_t(i)])) + std::fabs(double(mins[size_t(i)]))) * std::fabs(double(x[size_t(i)]));
+  }
+  const double k = double(n) / 16 + 12 + (spill::dtype_is_float(t) ? double(n % 32) : 0.0);
+  return {exact, (k + 2) * std::ldexp(1.0, -24) * magnitude};
+}
+
+const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,   DType::Q6_K, DType::Q5_K,
+                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+
+class DotTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DotTest, MatchesFloat64DotOfDequantizedRow) {
+  const DType t = GetParam();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t be = std::max<int64_t>(spill::dtype_block_elems(t), 1);
+  // One block, a few, and a decode-sized row; float types also get a ragged tail.
+  for (int64_t blocks : {int64_t(1), int64_t(3), int64_t(2048 / be) + 1}) {
+    int64_t n = blocks * be;
+    if (spill::dtype_is_float(t)) n += 29;
+    const std::vector<uint8_t> row = random_row(t, n, rng);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng);
+    const DotReference ref = dot_reference(t, row, x);
+    const float got = spill::quant::dot(t, row.data(), x.data(), n);
+    EXPECT_NEAR(double(got), ref.exact, ref.tolerance) << spill::dtype_name(t) << " n=" << n;
+  }
+}
+
+TEST_P(DotTest, EveryKernelPathGivesTheSameBits) {
+  const DType t = GetParam();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t be = spill::dtype_block_elems(t);
+  int paths_compared = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    int64_t n = be * (1 + trial * 3);
+    if (spill::dtype_is_float(t)) n += trial;
+    const std::vector<uint8_t> row = random_row(t, n, rng);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng);
+    const float scalar = spill::quant::dot_on(spill::quant::KernelPath::Scalar, t, row.data(), x.data(), n);
+    for (auto p : {spill::quant::KernelPath::Avx2, spill::quant::KernelPath::Avx512}) {
+      if (!spill::quant::cpu_supports(p)) continue;
+      const float v = spill::quant::dot_on(p, t, row.data(), x.data(), n);
+      EXPECT_EQ(bits_of(v), bits_of(scalar)) << spill::quant::kernel_path_name(p) << " vs scalar, n=" << n;
+      ++paths_compared;
+    }
+    EXPECT_EQ(bits_of(spill::quant::dot(t, row.data(), x.data(), n)), bits_of(scalar));
+  }
+  if (paths_compared == 0) GTEST_SKIP() << "this CPU has no vector path to compare with the scalar one";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, DotTest, ::testing::ValuesIn(kAllTypes),
+                         [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
+
+TEST(Dot, RejectsPartialBlocks) {
+  std::vector<uint8_t> bytes(1024);
+  std::vector<float> x(300);
+  EXPECT_THROW(spill::quant::dot(DType::Q6_K, bytes.data(), x.data(), 300), spill::Error);
+}
+
+TEST(Dot, ReportsItsKernelPath) {
+  const std::string path = spill::quant::cpu_kernel_path();
+  EXPECT_TRUE(path == "scalar" || path == "avx2" || path == "avx512") << path;
+}
+
+}  // namespace
+
+// ---- quantizers ------------------------------------------------------------------------
+// (That they reach lower error than ggml's own quantizers on the same data is measured by
+// tools/bench/quant_rmse.cpp, which links ggml: docs/perf/quant-rmse-2026-12-01.md.)
+
+namespace {
+
+const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
+                             DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+
+double weighted_sq_error(DType t, const std::vector<float>& x, const std::vector<uint8_t>& q, const float* imp) {
+  std::vector<float> y(x.size());
+  spill::quant::dequantize_row(t, q.data(), y.data(), int64_t(x.size()));
+  double e = 0;
+  for (size_t i = 0; i < x.size(); ++i) e += (imp ? imp[i] : 1.0) * double(x[i] - y[i]) * double(x[i] - y[i]);
+  return e;
+}
+
+class QuantizeTest : public ::testing::TestWithParam<DType> {};
+
+// Importance steers the error to where it is cheap: the importance-weighted error of a row
+// quantized with its importance is below that of the same row quantized without.
+TEST_P(QuantizeTest, ImportanceLowersTheWeightedError) {
+  const DType t = GetParam();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 4096;
+  std::vector<float> x(static_cast<size_t>(n)), imp(static_cast<size_t>(n));
+  for (float& v : x) v = 0.02f * normal(rng);
+  for (float& v : imp) v = std::exp(2.0f * normal(rng));
+  std::vector<uint8_t> plain(size_t(spill::row_bytes(t, n))), weighted(plain.size());
+  spill::quant::quantize_row(t, x.data(), plain.data(), n);
+  spill::quant::quantize_row(t, x.data(), weighted.data(), n, imp.data());
+  EXPECT_LT(weighted_sq_error(t, x, weighted, imp.data()), weighted_sq_error(t, x, plain, imp.data()));
+  EXPECT_LT(weighted_sq_error(t, x, plain, nullptr), weighted_sq_error(t, x, weighted, nullptr))
+      << "without importance the plain error should be the one minimised";
+}
+
+// A row that some block encodes exactly (here: the dequantized values of a quantized row) must
+// come back at least as close as that encoding, i.e. (for these grids) almost exactly.
+TEST_P(QuantizeTest, RequantizingADequantizedRowLosesAlmostNothing) {
+  const DType t = GetParam();
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 1024;
+  std::vector<float> x(static_cast<size_t>(n)), y(x.size()), z(x.size());
+  for (float& v : x) v = 0.02f * normal(rng);
+  std::vector<uint8_t> q(size_t(spill::row_bytes(t, n))), q2(q.size());
+  spill::quant::quantize_row(t, x.data(), q.data(), n);
+  spill::quant::dequantize_row(t, q.data(), y.data(), n);
+  spill::quant::quantize_row(t, y.data(), q2.data(), n);
+  const double first = weighted_sq_error(t, x, q, nullptr), again = weighted_sq_error(t, y, q2, nullptr);
+  EXPECT_LT(again, 0.05 * first) << "re-quantizing values on the grid should nearly reproduce them";
+}
+
+TEST_P(QuantizeTest, AllZeroRowStaysZero) {
+  const DType t = GetParam();
+  const int64_t n = 512;
+  std::vector<float> x(static_cast<size_t>(n), 0.0f), y(x.size(), 1.0f);
+  std::vector<uint8_t> q(size_t(spill::row_bytes(t, n)));
+  spill::quant::quantize_row(t, x.data(), q.data(), n);
+  spill::quant::dequantize_row(t, q.data(), y.data(), n);
+  for (float v : y) ASSERT_EQ(v, 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, QuantizeTest, ::testing::ValuesIn(kBlockTypes),
+                         [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
+
+TEST(Quantize, FloatTypesRoundToNearest) {
+  const std::vector<float> x = {1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f, -0.0f};
+  std::vector<uint16_t> h(x.size()), b(x.size());
+  spill::quant::quantize_row(DType::F16, x.data(), h.data(), int64_t(x.size()));
+  spill::quant::quantize_row(DType::BF16, x.data(), b.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(h[i], spill::f32_to_f16(x[i]));
+    EXPECT_EQ(b[i], spill::f32_to_bf16(x[i]));
+  }
+}
+
+TEST(Quantize, RejectsBadInput) {
+  std::vector<float> x(256, 0.5f), imp(256, 1.0f);
+  std::vector<uint8_t> q(1024);
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q4_K, x.data(), q.data(), 255), spill::Error);
+  x[17] = NAN;
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q4_K, x.data(), q.data(), 256), spill::Error);
+  x[17] = 0.5f;
+  imp[3] = -1.0f;
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q6_K, x.data(), q.data(), 256, imp.data()), spill::Error);
+  x[0] = 1e9f;  // its scale would overflow f16
+  EXPECT_THROW(spill::quant::quantize_row(DType::Q8_0, x.data(), q.data(), 256), spill::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// The override is read once per process, so each case runs in a fresh child process (gtest's
+// "threadsafe" death-test style re-executes the test binary).
+int kernel_path_in_child(const char* value) {
+  setenv("SPILL_CPU_KERNELS", value, 1);
+  try {
+    return std::string(spill::quant::cpu_kernel_path()) == value ? 0 : 1;
+  } catch (const spill::Error&) {
+    return 2;
+  }
+}
+
+TEST(Dot, KernelPathOverrideFromTheEnvironment) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(kernel_path_in_child("scalar")), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(std::exit(kernel_path_in_child("sse9")), ::testing::ExitedWithCode(2), "");
+  if (!spill::quant::cpu_supports(spill::quant::KernelPath::Avx512)) {
+    EXPECT_EXIT(std::exit(kernel_path_in_child("avx512")), ::testing::ExitedWithCode(2), "");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// dot_tokens shares a row's unpacking between tokens; each token must still get dot()'s bits.
+TEST(DotTokens, EveryTokenGetsTheBitsDotGivesIt) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DType t : kAllTypes) {
+    const int64_t n = 3 * 256 + (spill::dtype_is_float(t) ? 5 : 0), stride = n + 3;
+    const std::vector<uint8_t> row = random_row(t, n, rng);
+    for (int64_t tokens : {int64_t(1), int64_t(4), int64_t(7)}) {
+      std::vector<float> x(static_cast<size_t>(tokens * stride));
+      for (float& v : x) v = normal(rng);
+      std::vector<float> out(static_cast<size_t>(tokens * 2), NAN);
+      spill::quant::dot_tokens(t, row.data(), x.data(), stride, tokens, n, out.data(), 2);
+      for (int64_t i = 0; i < tokens; ++i)
+        ASSERT_EQ(bits_of(out[size_t(2 * i)]), bits_of(spill::quant::dot(t, row.data(), x.data() + i * stride, n)))
+            << spill::dtype_name(t) << " token " << i << " of " << tokens;
+    }
+  }
+}
+
+}  // namespace
