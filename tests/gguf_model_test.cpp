@@ -245,6 +245,10 @@ TEST(ConvertedGgufSpillTiny, LogitsEqualTheBundledModel) {
   auto gg = Model::load(spill_tiny_gguf());
   auto hf = Model::load(spill_tiny_dir());
   expect_same_logits(*hf, *gg, kIds);
+  std::vector<int32_t> a = gg->spec().eos_token_ids, b = hf->spec().eos_token_ids;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  EXPECT_EQ(a, b);
 }
 
 // Awkward text: the tokenizer fixtures' cases plus code, whitespace runs, digits, CJK, emoji,
@@ -407,7 +411,9 @@ TEST(GgufBundle, CommittedFileOpensWithEverything) {
   EXPECT_EQ(s.hidden_size, 16);
   EXPECT_EQ(s.vocab_size, 8192);
   EXPECT_TRUE(s.tie_word_embeddings);
-  EXPECT_EQ(s.eos_token_ids, std::vector<int32_t>{2});
+  // eos 2 (<|im_end|>) from tokenizer.ggml.eos_token_id, then <|endoftext|> (0), a control token
+  // that ends generation: what models/spill-tiny/generation_config.json lists.
+  EXPECT_EQ(s.eos_token_ids, (std::vector<int32_t>{2, 0}));
   EXPECT_EQ(b.tokenizer->token_text(2), "<|im_end|>");
   ASSERT_TRUE(b.sampling.temperature);
   EXPECT_FLOAT_EQ(*b.sampling.temperature, 0.7f);  // general.sampling.temp
