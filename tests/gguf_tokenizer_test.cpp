@@ -129,5 +129,34 @@ TEST(FromParts, RefusesWhatItCannotRepresent) {
   EXPECT_EQ(Tokenizer::from_parts(bad).encode("ab", true), (std::vector<int32_t>{0, 2}));
 }
 
+// Odd parts a hostile file can hold give a spill::Error or a working tokenizer, never a crash.
+TEST(FromParts, HostilePartsAreErrorsOrHarmless) {
+  const std::vector<std::vector<std::string>> merge_lists = {{"ab"}, {"a b c"}, {" "}, {""}, {"a zz"}, {"a b", "a b"}};
+  const std::vector<std::vector<std::string>> token_lists = {{"a", "b", "ab"}, {"", "b", "ab"}, {"a", "a", "a"}};
+  const std::vector<std::vector<int32_t>> type_lists = {{1, 1, 1}, {3, 1, 1}, {4, 4, 4}, {2, 2, 1}, {5, 5, 5}, {6, 1, 1}};
+  size_t built = 0, refused = 0;
+  for (const auto& merges : merge_lists)
+    for (const auto& tokens : token_lists)
+      for (const auto& types : type_lists) {
+        TokenizerParts p;
+        p.origin = "hostile.gguf";
+        p.tokens = tokens;
+        p.token_types = types;
+        p.merges = merges;
+        p.pre = "qwen2";
+        try {
+          const Tokenizer t = Tokenizer::from_parts(p);
+          (void)t.encode("ab ab\n<|x|>");
+          (void)t.decode(std::vector<int32_t>{0, 1, 2, 3, -1});
+          ++built;
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("hostile.gguf"), std::string::npos) << e.what();
+          ++refused;
+        }
+      }
+  EXPECT_GT(built, 0u);
+  EXPECT_GT(refused, 0u);
+}
+
 }  // namespace
 }  // namespace spill
