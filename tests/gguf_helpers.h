@@ -13,6 +13,7 @@
 #include "formats/safetensors.h"
 #include "model/model.h"
 #include "model/runner.h"
+#include "quant/quant.h"
 
 namespace spill::testing {
 
@@ -57,8 +58,15 @@ struct RawGguf {
 // "qwen3", "llama"), converting the way llama.cpp's converter does: routed experts stacked into
 // 3-D tensors, dims reversed, and for "llama" the q/k rows of every head interleaved
 // (reshape(n_head, 2, D/2, H).swapaxes(1, 2)). q/k norms are left out for "llama".
+struct GgufConversion {
+  uint32_t alignment = 32;
+  DType matrices = DType::BF16;  // 2-D and 3-D weights are re-encoded in this type (quant::quantize_row)
+  bool permute_llama = true;     // false writes `llama` q/k rows in Hugging Face order (for tests only)
+};
+
 inline void hf_to_gguf(const std::string& hf_dir, const std::string& out, const std::string& gguf_arch,
-                       uint32_t alignment = 32) {
+                       const GgufConversion& conv = {}) {
+  const uint32_t alignment = conv.alignment;
   const ModelSpec s = load_model_spec(hf_dir);
   const WeightStore store = WeightStore::open_folder(hf_dir);
   gguf::Writer w(alignment);
@@ -86,9 +94,21 @@ inline void hf_to_gguf(const std::string& hf_dir, const std::string& out, const 
     return std::vector<uint8_t>(d, d + t.nbytes());
   };
   auto add = [&](const std::string& name, const TensorView& t, std::vector<uint8_t> bytes) {
-    keep.push_back(std::move(bytes));
     std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
-    w.add_tensor(name, t.dtype, shape, keep.back().data());
+    DType dtype = t.dtype;
+    if (t.ndim >= 2 && conv.matrices != t.dtype) {  // BF16 rows -> f32 -> the wanted type, row by row
+      const int64_t cols = t.cols(), rows = t.rows();
+      std::vector<uint8_t> q(size_t(rows * row_bytes(conv.matrices, cols)));
+      std::vector<float> f(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        quant::dequantize_row(t.dtype, bytes.data() + r * t.row_bytes(), f.data(), cols);
+        quant::quantize_row(conv.matrices, f.data(), q.data() + r * row_bytes(conv.matrices, cols), cols);
+      }
+      bytes = std::move(q);
+      dtype = conv.matrices;
+    }
+    keep.push_back(std::move(bytes));
+    w.add_tensor(name, dtype, shape, keep.back().data());
   };
   auto plain = [&](const std::string& name, const std::string& hf) {
     const TensorView& t = store.get(hf);
@@ -112,14 +132,16 @@ inline void hf_to_gguf(const std::string& hf_dir, const std::string& out, const 
     const std::string b = "blk." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
     plain(b + "attn_norm.weight", h + "input_layernorm.weight");
     plain(b + "ffn_norm.weight", h + "post_attention_layernorm.weight");
-    if (gguf_arch == "llama") {
+    if (gguf_arch == "llama" && conv.permute_llama) {
       permuted(b + "attn_q.weight", h + "self_attn.q_proj.weight", s.n_heads);
       permuted(b + "attn_k.weight", h + "self_attn.k_proj.weight", s.n_kv_heads);
     } else {
       plain(b + "attn_q.weight", h + "self_attn.q_proj.weight");
       plain(b + "attn_k.weight", h + "self_attn.k_proj.weight");
-      plain(b + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
-      plain(b + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
+      if (gguf_arch != "llama") {
+        plain(b + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
+        plain(b + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
+      }
     }
     plain(b + "attn_v.weight", h + "self_attn.v_proj.weight");
     plain(b + "attn_output.weight", h + "self_attn.o_proj.weight");

@@ -8,10 +8,12 @@
 // where absent; tools/gpu/convert_gguf.sh makes them, see /work/gguf/README.md).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -58,7 +60,7 @@ TEST(GgufModel, WrittenQwen3MoeEqualsItsSafetensors) {
 TEST(GgufModel, WrittenQwen3DenseTiedEqualsItsSafetensors) {
   testing::TempDir dir;
   testing::write_random_model(dir.sub("hf"), {.n_experts = 0, .tie_word_embeddings = true, .seed = 5});
-  testing::hf_to_gguf(dir.sub("hf"), dir.sub("m.gguf"), "qwen3", 64);
+  testing::hf_to_gguf(dir.sub("hf"), dir.sub("m.gguf"), "qwen3", {.alignment = 64});
   auto hf = Model::load(dir.sub("hf"));
   auto gg = Model::load(dir.sub("m.gguf"));
   EXPECT_TRUE(gg->spec().tie_word_embeddings);
@@ -89,6 +91,23 @@ TEST(GgufModel, LlamaArchRowsAreUnpermuted) {
   EXPECT_NE(testing::all_logits(*unpermuted, kIds), testing::all_logits(*hf, kIds));
 }
 
+// The un-permutation moves whole rows, so it holds for block formats: a Q8_0 `llama` file with the
+// converter's row order computes bit for bit what the same Q8_0 rows in Hugging Face order compute.
+TEST(GgufModel, LlamaArchQuantizedRowsAreUnpermuted) {
+  testing::TempDir dir;
+  testing::write_random_model(dir.sub("hf"), {.n_heads = 4, .n_kv_heads = 2, .n_experts = 0, .seed = 9});
+  testing::hf_to_gguf(dir.sub("hf"), dir.sub("permuted.gguf"), "llama", {.matrices = DType::Q8_0});
+  testing::hf_to_gguf(dir.sub("hf"), dir.sub("hf_order.gguf"), "llama",
+                      {.matrices = DType::Q8_0, .permute_llama = false});
+  auto gg = Model::load(dir.sub("permuted.gguf"));
+  EXPECT_EQ(gg->layers[0].q.dtype, DType::Q8_0);
+  std::shared_ptr<const gguf::GgufFile> plain = gguf::GgufFile::open(dir.sub("hf_order.gguf"));
+  ModelSpec spec = gguf_model_spec(*plain);
+  spec.arch = Arch::Qwen3;  // the same forward (no q/k norm in the file), rows taken as they are
+  auto reference = Model::from_source(spec, open_gguf_source(plain, spec));
+  expect_same_logits(*reference, *gg, kIds);
+}
+
 void write_with_arch(const std::string& path, const std::string& arch, const std::string& tokenizer_model = "gpt2") {
   gguf::Writer w;
   static std::vector<float> embd(64 * 8);
@@ -115,6 +134,64 @@ TEST(GgufModel, UnsupportedArchitectureAndTokenizerAreRefusedUpFront) {
   testing::hf_to_gguf(dir.sub("hf"), dir.sub("m.gguf"), "qwen3");
   const std::string msg = load_error(dir.sub("m.gguf"));
   EXPECT_NE(msg.find("no tokenizer"), std::string::npos) << msg;
+}
+
+// Hyperparameters from `<arch>.*` keys: a minimal qwen3moe header plus the keys under test.
+ModelSpec spec_with(const testing::TempDir& dir, const std::vector<std::pair<std::string, gguf::Value>>& extra,
+                    bool rope_freqs = false) {
+  gguf::Writer w;
+  static std::vector<float> embd(64 * 8), freqs(8);
+  w.set("general.architecture", gguf::Value::string("qwen3moe"));
+  for (auto [k, v] : std::vector<std::pair<std::string, gguf::Value>>{
+           {"qwen3moe.block_count", gguf::Value::u32(2)}, {"qwen3moe.embedding_length", gguf::Value::u32(64)},
+           {"qwen3moe.attention.head_count", gguf::Value::u32(4)}, {"qwen3moe.expert_count", gguf::Value::u32(8)},
+           {"qwen3moe.expert_used_count", gguf::Value::u32(2)},
+           {"qwen3moe.expert_feed_forward_length", gguf::Value::u32(32)}})
+    w.set(k, v);
+  for (const auto& [k, v] : extra) w.set(k, v);
+  w.add_tensor("token_embd.weight", DType::F32, {8, 64}, embd.data());
+  w.add_tensor("blk.0.ffn_gate_inp.weight", DType::F32, {8, 64}, embd.data());
+  if (rope_freqs) w.add_tensor("rope_freqs.weight", DType::F32, {8}, freqs.data());
+  w.write(dir.sub("s.gguf"));
+  return gguf_model_spec(*gguf::GgufFile::open(dir.sub("s.gguf")));
+}
+
+TEST(GgufModel, SpecFromMetadata) {
+  testing::TempDir dir;
+  ModelSpec s = spec_with(dir, {{"qwen3moe.rope.scaling.type", gguf::Value::string("yarn")},
+                                {"qwen3moe.rope.scaling.factor", gguf::Value::f32(4.0f)},
+                                {"qwen3moe.rope.scaling.original_context_length", gguf::Value::u32(32768)},
+                                {"qwen3moe.rope.freq_base", gguf::Value::f32(1000000.0f)},
+                                {"qwen3moe.context_length", gguf::Value::u32(131072)},
+                                {"qwen3moe.feed_forward_length", gguf::Value::u32(64)}});
+  EXPECT_EQ(s.rope.kind, RopeKind::Yarn);
+  EXPECT_EQ(s.rope.factor, 4.0);
+  EXPECT_EQ(s.rope.original_max_position, 32768);
+  EXPECT_EQ(s.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(s.rope.attention_factor, 0.1 * std::log(4.0) + 1.0);  // transformers' yarn default
+  EXPECT_EQ(s.head_dim, 16);  // embedding_length / head_count without key_length
+  EXPECT_EQ(s.n_kv_heads, 4);
+  // layer 0 has a router, layer 1 does not: a dense layer (qwen3moe's mlp_only_layers)
+  EXPECT_EQ(s.layer_is_moe, (std::vector<bool>{true, false}));
+  auto message = [&](const std::vector<std::pair<std::string, gguf::Value>>& extra, bool freqs = false) {
+    try {
+      spec_with(dir, extra, freqs);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({{"qwen3moe.feed_forward_length", gguf::Value::u32(64)}}, true).find("rope_freqs.weight"),
+            std::string::npos);
+  EXPECT_NE(message({{"qwen3moe.attention.value_length", gguf::Value::u32(8)}}).find("value_length"), std::string::npos);
+  EXPECT_NE(message({{"qwen3moe.rope.scaling.type", gguf::Value::string("longrope")}}).find("'longrope'"),
+            std::string::npos);
+  EXPECT_NE(message({{"qwen3moe.expert_used_count", gguf::Value::u32(9)}}).find("expert_used_count (9)"),
+            std::string::npos);
+  EXPECT_NE(message({{"qwen3moe.block_count", gguf::Value::string("2")}}).find("'qwen3moe.block_count' is a string"),
+            std::string::npos);
+  // a dense layer needs feed_forward_length
+  EXPECT_NE(message({}).find("feed_forward_length"), std::string::npos);
 }
 
 // ---- files made by llama.cpp's converter ------------------------------------------------------
@@ -168,6 +245,10 @@ TEST(ConvertedGgufSpillTiny, LogitsEqualTheBundledModel) {
   auto gg = Model::load(spill_tiny_gguf());
   auto hf = Model::load(spill_tiny_dir());
   expect_same_logits(*hf, *gg, kIds);
+  std::vector<int32_t> a = gg->spec().eos_token_ids, b = hf->spec().eos_token_ids;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  EXPECT_EQ(a, b);
 }
 
 // Awkward text: the tokenizer fixtures' cases plus code, whitespace runs, digits, CJK, emoji,
@@ -209,9 +290,19 @@ std::vector<std::string> awkward_texts() {
   return t;
 }
 
-TEST(ConvertedGgufSpillTiny, TokenizerEqualsTokenizerJson) {
-  REQUIRE_FILE(spill_tiny_gguf());
-  auto file = gguf::GgufFile::open(spill_tiny_gguf());
+// The tokenizer and template of spill-tiny as llama.cpp's converter wrote them: in the converted
+// file under /work/gguf, and in tests/data/gguf/tiny-qwen3moe.gguf, which carries that file's
+// metadata with the model shrunk (tools/fixtures/make_tiny_gguf.cpp), so these run everywhere.
+class SpillTinyVocab : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string path() const {
+    return GetParam() == "committed" ? std::string(SPILL_TEST_DATA) + "/gguf/tiny-qwen3moe.gguf" : spill_tiny_gguf();
+  }
+};
+
+TEST_P(SpillTinyVocab, TokenizerEqualsTokenizerJson) {
+  REQUIRE_FILE(path());
+  auto file = gguf::GgufFile::open(path());
   const Tokenizer gg = gguf_tokenizer(*file);
   const Tokenizer hf = Tokenizer::from_file(spill_tiny_dir() + "/tokenizer.json");
   EXPECT_EQ(gg.vocab_size(), hf.vocab_size());
@@ -237,9 +328,9 @@ TEST(ConvertedGgufSpillTiny, TokenizerEqualsTokenizerJson) {
   }
 }
 
-TEST(ConvertedGgufSpillTiny, ChatTemplateRendersIdentically) {
-  REQUIRE_FILE(spill_tiny_gguf());
-  const ChatTemplate gg = open_chat_template(spill_tiny_gguf());
+TEST_P(SpillTinyVocab, ChatTemplateRendersIdentically) {
+  REQUIRE_FILE(path());
+  const ChatTemplate gg = open_chat_template(path());
   const ChatTemplate hf = open_chat_template(spill_tiny_dir());
   ASSERT_TRUE(gg.has_template());
   const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {
@@ -261,6 +352,73 @@ TEST(ConvertedGgufSpillTiny, ChatTemplateRendersIdentically) {
         EXPECT_EQ(gg.render(messages, t, gen, nullptr), hf.render(messages, t, gen, nullptr)) << messages.dump();
       }
   EXPECT_EQ(gg.special_tokens().value("eos_token", ""), hf.special_tokens().value("eos_token", ""));
+}
+
+// ---- the spill executable on GGUF files ------------------------------------------------------
+
+std::pair<int, std::string> run_spill(const std::string& args) {
+  const char* bin = std::getenv("SPILL_BIN");
+  std::string out;
+  FILE* p = ::popen((std::string(bin) + " " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+#define REQUIRE_SPILL_BIN() \
+  if (!std::getenv("SPILL_BIN")) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)"
+
+TEST(GgufCli, GenerateInfoAndErrors) {
+  REQUIRE_SPILL_BIN();
+  const std::string tiny = std::string(SPILL_TEST_DATA) + "/gguf/tiny-qwen3moe.gguf";
+  auto [rc, out] = run_spill("generate --model " + tiny + " -p 'def f(x):' -n 8 -t 0 -q");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.rfind("def f(x):", 0), 0u) << out;
+  std::tie(rc, out) = run_spill("info --model " + tiny);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("qwen3moe (1 layers, hidden 16"), std::string::npos) << out;
+  testing::TempDir dir;
+  {
+    std::ofstream f(dir.sub("bad.gguf"), std::ios::binary);
+    f << "GGUF\x03";
+  }
+  std::tie(rc, out) = run_spill("generate --model " + dir.sub("bad.gguf") + " -p x -n 1");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find(dir.sub("bad.gguf") + ": truncated"), std::string::npos) << out;
+}
+
+TEST(GgufCli, GreedyTextEqualsTheBundledModel) {
+  REQUIRE_SPILL_BIN();
+  REQUIRE_FILE(spill_tiny_gguf());
+  const std::string args = " -p 'def fibonacci(n):' -n 48 -t 0 -q";
+  const auto [rc_a, from_gguf] = run_spill("generate --model " + spill_tiny_gguf() + args);
+  const auto [rc_b, from_dir] = run_spill("generate --model " + spill_tiny_dir() + args);
+  EXPECT_EQ(rc_a, 0);
+  EXPECT_EQ(rc_b, 0);
+  EXPECT_EQ(from_gguf, from_dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, SpillTinyVocab, ::testing::Values("committed", "converted"));
+
+// The committed file end to end through the bundle every command uses: model, tokenizer, EOS.
+TEST(GgufBundle, CommittedFileOpensWithEverything) {
+  const std::string path = std::string(SPILL_TEST_DATA) + "/gguf/tiny-qwen3moe.gguf";
+  ModelBundle b = open_model_bundle(path, true);
+  ASSERT_TRUE(b.tokenizer);
+  const ModelSpec& s = b.model->spec();
+  EXPECT_EQ(s.arch, Arch::Qwen3Moe);
+  EXPECT_EQ(s.hidden_size, 16);
+  EXPECT_EQ(s.vocab_size, 8192);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  // eos 2 (<|im_end|>) from tokenizer.ggml.eos_token_id, then <|endoftext|> (0), a control token
+  // that ends generation: what models/spill-tiny/generation_config.json lists.
+  EXPECT_EQ(s.eos_token_ids, (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(b.tokenizer->token_text(2), "<|im_end|>");
+  ASSERT_TRUE(b.sampling.temperature);
+  EXPECT_FLOAT_EQ(*b.sampling.temperature, 0.7f);  // general.sampling.temp
+  const std::vector<float> logits = testing::all_logits(*b.model, b.tokenizer->encode("def f(x):\n    return x"));
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
 }  // namespace

@@ -134,6 +134,11 @@ ModelBundle open_model_bundle(const std::string& path, bool require_tokenizer) {
   return b;
 }
 
+SamplingDefaults open_sampling_defaults(const std::string& path) {
+  if (is_gguf_model_path(path)) return gguf_sampling_defaults(gguf::GgufFile::open(path)->metadata());
+  return folder_sampling_defaults(path);
+}
+
 ChatTemplate open_chat_template(const std::string& path) {
   if (is_gguf_model_path(path)) return gguf_chat_template(*gguf::GgufFile::open(path));
   return ChatTemplate::from_model_dir(path);

@@ -51,5 +51,7 @@ std::string chat_template_sources(const std::string& path);
 Tokenizer gguf_tokenizer(const gguf::GgufFile& file);
 ChatTemplate gguf_chat_template(const gguf::GgufFile& file);
 SamplingDefaults gguf_sampling_defaults(const gguf::Metadata& md);
+// The sampling defaults of a folder (generation_config.json) or a GGUF file, without loading weights.
+SamplingDefaults open_sampling_defaults(const std::string& path);
 
 }  // namespace spill

@@ -154,6 +154,22 @@ ModelSpec gguf_model_spec(const gguf::GgufFile& file) {
     if (std::find(s.eos_token_ids.begin(), s.eos_token_ids.end(), int32_t(id)) == s.eos_token_ids.end())
       s.eos_token_ids.push_back(int32_t(id));
   }
+  // GGUF keeps one eos id where generation_config.json often lists several (Qwen: <|im_end|> and
+  // <|endoftext|>; Llama 3: <|end_of_text|>, <|eom_id|>, <|eot_id|>). As llama.cpp does, control
+  // tokens whose text is one of the end-of-generation markers these families use end generation too.
+  static const char* const kEndMarkers[] = {"<|endoftext|>", "<|im_end|>",  "<|end_of_text|>", "<|eot_id|>",
+                                            "<|eom_id|>",    "<|end|>",     "<end_of_turn>",   "<|return|>",
+                                            "<｜end▁of▁sentence｜>", "<|EOT|>"};
+  if (const std::vector<gguf::Value>* tokens = md.string_array("tokenizer.ggml.tokens")) {
+    const std::vector<int64_t> types = md.integer_array("tokenizer.ggml.token_type");
+    for (size_t id = 0; id < tokens->size() && id < types.size() && int64_t(id) < s.vocab_size; ++id) {
+      if (types[id] != 3) continue;  // control tokens only
+      for (const char* marker : kEndMarkers)
+        if ((*tokens)[id].s == marker &&
+            std::find(s.eos_token_ids.begin(), s.eos_token_ids.end(), int32_t(id)) == s.eos_token_ids.end())
+          s.eos_token_ids.push_back(int32_t(id));
+    }
+  }
   return s;
 }
 

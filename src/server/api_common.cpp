@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "engine/model_bundle.h"
 
 namespace spill::server {
 
@@ -230,6 +231,15 @@ GenerationDefaults GenerationDefaults::from_json(const nlohmann::json& g) {
 }
 
 GenerationDefaults GenerationDefaults::load(const std::string& model_dir) {
+  if (is_gguf_model_path(model_dir)) {  // general.sampling.* in the file, as llama.cpp reads them
+    const SamplingDefaults d = open_sampling_defaults(model_dir);
+    if (!d.temperature && !d.top_p && !d.top_k) return {};
+    nlohmann::json g = {{"do_sample", true}};
+    if (d.temperature) g["temperature"] = *d.temperature;
+    if (d.top_p) g["top_p"] = *d.top_p;
+    if (d.top_k) g["top_k"] = *d.top_k;
+    return from_json(g);
+  }
   const auto path = std::filesystem::path(model_dir) / "generation_config.json";
   if (!std::filesystem::exists(path)) return {};
   std::ifstream in(path);

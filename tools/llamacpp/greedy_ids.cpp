@@ -1,0 +1,56 @@
+// Greedy decoding with llama.cpp's library, token ids in and out, to compare spill's greedy tokens
+// with llama.cpp's on the same GGUF file:
+//   greedy_ids FILE.gguf N_NEW ID,ID,...   -> prints the prompt ids followed by N_NEW greedy ids
+// and then, per generated position, the top logit and the margin to the runner-up.
+// Build against a llama.cpp checkout (see tools/llamacpp/README.md).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s FILE.gguf N_NEW ID,ID,...\n", argv[0]);
+    return 2;
+  }
+  std::vector<llama_token> ids;
+  for (char* p = argv[3]; *p;) {
+    ids.push_back(llama_token(std::strtol(p, &p, 10)));
+    if (*p == ',') ++p;
+  }
+  const int n_new = std::atoi(argv[2]);
+  llama_backend_init();
+  llama_model_params mp = llama_model_default_params();
+  llama_model* model = llama_model_load_from_file(argv[1], mp);
+  if (!model) return 1;
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = uint32_t(ids.size() + n_new + 8);
+  cp.n_batch = cp.n_ctx;
+  cp.n_threads = cp.n_threads_batch = 1;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  std::vector<llama_token> all = ids;
+  std::vector<std::pair<float, float>> margins;
+  llama_batch batch = llama_batch_get_one(all.data(), int32_t(all.size()));
+  for (int step = 0; step < n_new; ++step) {
+    if (llama_decode(ctx, batch) != 0) return 1;
+    const float* logits = llama_get_logits_ith(ctx, -1);
+    int best = 0;
+    for (int v = 1; v < n_vocab; ++v)
+      if (logits[v] > logits[best]) best = v;
+    float second = -1e30f;
+    for (int v = 0; v < n_vocab; ++v)
+      if (v != best && logits[v] > second) second = logits[v];
+    margins.push_back({logits[best], logits[best] - second});
+    all.push_back(best);
+    batch = llama_batch_get_one(&all.back(), 1);
+  }
+  for (size_t i = 0; i < all.size(); ++i) std::printf("%s%d", i ? "," : "", all[i]);
+  std::printf("\n");
+  for (auto [top, margin] : margins) std::printf("%.5f %.5f\n", top, margin);
+  llama_free(ctx);
+  llama_model_free(model);
+  return 0;
+}
