@@ -55,7 +55,11 @@ void run_generate(GenerateArgs a) {
   if (a.prompt.empty() == a.prompt_ids.empty()) fail("give the prompt once: --prompt TEXT or --prompt-ids 1,2,3");
   // Ids in and out need no tokenizer: the way other engines' tools are driven for comparisons.
   const bool ids_only = a.print_ids && !a.prompt_ids.empty();
-  ModelBundle bundle = open_model_bundle(dir, /*require_tokenizer=*/!ids_only);
+  if (!a.model.synthetic.empty() && !ids_only)
+    fail("a --synthetic model has no tokenizer: drive it with --prompt-ids 1,2,3 --print-ids");
+  ModelBundle bundle;
+  if (a.model.synthetic.empty()) bundle = open_model_bundle(dir, /*require_tokenizer=*/!ids_only);
+  else bundle.model = open_synthetic_model(a.model, a.threads, a.quiet, /*fill=*/true);
   apply_sampling_defaults(bundle.sampling, a);
   if (a.print_ids && !a.temperature_given) a.sampling.temperature = 0;  // ids for comparison: greedy
   a.sampling.validate();
@@ -65,7 +69,7 @@ void run_generate(GenerateArgs a) {
       a.prompt_ids.empty() ? tokenizer->encode(a.prompt, /*add_special=*/true) : parse_token_ids(a.prompt_ids, "--prompt-ids");
   if (prompt.empty()) fail("the prompt encodes to no tokens; give some text with --prompt");
   std::unique_ptr<Model> model = std::move(bundle.model);
-  quantize_as_flagged(*model, a.model, a.threads, a.quiet);
+  if (a.model.synthetic.empty()) quantize_as_flagged(*model, a.model, a.threads, a.quiet);
   const ModelSpec& spec = model->spec();
   for (int32_t id : prompt)
     if (id >= spec.vocab_size) fail("--prompt-ids: {} is not below the vocabulary size {}", id, spec.vocab_size);

@@ -108,7 +108,8 @@ void print_quant_plan(const Model& model, const std::string& spec) {
 }
 
 void run_info(const ModelFlags& flags) {
-  auto model = Model::load(flags.dir());
+  // A synthetic model is described without writing its weights: sizes of any shape in seconds.
+  auto model = flags.synthetic.empty() ? Model::load(flags.dir()) : open_model(flags, 1, true, /*fill=*/false);
   const ModelSpec& s = model->spec();
   Tally tally;
   tally.add("embeddings", model->embed);

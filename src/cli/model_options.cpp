@@ -2,8 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <tuple>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/synthetic_source.h"
 
 namespace spill::cli {
 
@@ -39,11 +47,80 @@ void add_model_flags(CLI::App* cmd, ModelFlags& flags) {
                   "(q4_k_m,experts=q3_k); see docs/QUANT.md");
   cmd->add_option("--imatrix", flags.imatrix,
                   "importance matrix for --quant (llama.cpp's legacy imatrix.dat format)");
+  cmd->add_option("--synthetic", flags.synthetic,
+                  "a config.json: a model of that shape with random weights made in memory, in the --quant types "
+                  "(instead of --model)");
+  cmd->add_option("--routing-skew", flags.routing_skew,
+                  "zipf:S: expert popularity of a --synthetic model falls with rank, exponent ~S (default uniform)");
 }
 
-std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet) {
+std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet, bool fill) {
+  if (!flags.synthetic.empty()) return open_synthetic_model(flags, threads, quiet, fill);
   std::unique_ptr<Model> model = Model::load(flags.dir());
   quantize_as_flagged(*model, flags, threads, quiet);
+  return model;
+}
+
+namespace {
+
+double parse_routing_skew(const std::string& text) {
+  if (text.empty()) return 0.0;
+  double s = -1;
+  size_t used = 0;
+  if (text.rfind("zipf:", 0) == 0) {
+    try {
+      s = std::stod(text.substr(5), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+  }
+  if (used == 0 || 5 + used != text.size() || !(s >= 0 && s <= 10))
+    fail("--routing-skew '{}': expected zipf:S with an exponent S between 0 and 10 (e.g. zipf:1.2)", text);
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads, bool quiet, bool fill) {
+  if (!flags.model.empty()) fail("give --model or --synthetic, not both");
+  if (!flags.imatrix.empty()) fail("--imatrix needs real weights; a --synthetic model is random");
+  std::ifstream in(flags.synthetic);
+  if (!in) fail("--synthetic {}: cannot read the file", flags.synthetic);
+  std::stringstream text;
+  text << in.rdbuf();
+  const ModelSpec spec = parse_model_spec(text.str(), flags.synthetic);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Each tensor's type: the plan --quant makes for a real checkpoint, made on an unwritten F32 model
+  // of the same shape (so a synthetic model is quantized exactly as a real one would be).
+  std::map<std::tuple<int, int, int>, DType> types;
+  const quant::QuantMix mix = quant::parse_quant_mix(flags.quant);
+  if (!mix.empty()) {
+    SyntheticOptions probe;
+    probe.fill = false;
+    auto shape_only = Model::from_source(spec, make_synthetic_source(spec, probe));
+    for (const QuantPlanEntry& e : plan_quantization(*shape_only, mix))
+      if (e.choice.quantize) types[{int(e.key.role), e.key.layer, e.key.expert}] = e.choice.type;
+  }
+  ThreadPool pool(threads);
+  SyntheticOptions options;
+  options.fill = fill;
+  options.pool = &pool;
+  options.routing_skew = parse_routing_skew(flags.routing_skew);
+  options.type_for = [&types](const WeightKey& key, int64_t, int64_t) {
+    // Fused expert tensors are planned per projection under their per-expert roles.
+    WeightRole role = key.role;
+    if (role == WeightRole::ExpertsGate) role = WeightRole::ExpertGate;
+    if (role == WeightRole::ExpertsUp) role = WeightRole::ExpertUp;
+    if (role == WeightRole::ExpertsDown) role = WeightRole::ExpertDown;
+    auto it = types.find({int(role), key.layer, key.expert});
+    if (it == types.end()) it = types.find({int(role), key.layer, 0});
+    return it == types.end() ? DType::F32 : it->second;
+  };
+  auto model = Model::from_source(spec, make_synthetic_source(spec, options));
+  if (!quiet && fill)
+    fmt::print(stderr, "[spill] synthetic {} ({}) made in {:.2f} s\n", flags.synthetic,
+               mix.empty() ? std::string("F32") : mix.str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return model;
 }
 

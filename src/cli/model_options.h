@@ -14,19 +14,26 @@ struct ModelFlags {
   std::string model;    // "": the bundled spill-tiny
   std::string quant;    // "": weights as stored
   std::string imatrix;  // "": none
+  std::string synthetic;     // a config.json: random weights of that shape in the --quant types
+  std::string routing_skew;  // "zipf:S" for a synthetic model; "": uniform routing
   // The folder to open: --model, else the bundled model.
   std::string dir() const;
 };
 
-// Adds --model, --quant and --imatrix to cmd, writing into flags (which must outlive cmd).
+// Adds --model, --quant, --imatrix, --synthetic and --routing-skew to cmd, writing into flags
+// (which must outlive cmd).
 void add_model_flags(CLI::App* cmd, ModelFlags& flags);
 
 // Quantizes a loaded model as the flags ask, on `threads` CPU threads; says so on stderr (what,
 // how long, how big) unless quiet.
 void quantize_as_flagged(Model& model, const ModelFlags& flags, int threads, bool quiet = false);
 // Model::load of the flags' path (folder or GGUF), then quantize_as_flagged: for commands that
-// need no tokenizer (logits, info, a reference model); the others open a ModelBundle.
-std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet = false);
+// need no tokenizer (logits, info, a reference model); the others open a ModelBundle. With
+// --synthetic, the synthetic model instead; `fill` false leaves its weights unwritten (sizes only).
+std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet = false, bool fill = true);
+// A synthetic model of --synthetic's shape, each tensor in the type --quant gives it (planned by
+// the same quantization plan a real checkpoint gets), routing skewed as --routing-skew says.
+std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads, bool quiet, bool fill);
 
 // "1,2,3" -> ids; a clear error naming `flag` for anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag);
