@@ -26,6 +26,11 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILL_KERNELS_ONLY=
 rc=$?
 if [ $rc -ne 0 ]; then tail -50 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; fi
 echo "build ok"
+# Local-memory traffic (spills) in the kernels' machine code: LDL/STL per kernel.
+for o in $(find "$BUILD" -name 'moe.cu.o' -o -name 'gemv.cu.o'); do
+  cuobjdump -sass "$o" | awk '/Function :/{f=$3} /LDL|STL/{n[f]++} END{for (k in n) print "  spill ops", n[k], k}' 
+done > "$OUT/sass-spills.txt" 2>&1
+head -20 "$OUT/sass-spills.txt"
 
 "$BUILD/spill_kernel_tests" 2>&1 | tee "$OUT/tests.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED)|FAILED|Failure' | head -40
 tests_rc=${PIPESTATUS[0]}
@@ -34,7 +39,7 @@ san_summary=""
 if [ $SANITIZE -eq 1 ]; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD/spill_kernel_tests" \
-      --gtest_filter='CudaMoe.*:*TokenAlone*:*Gemv*Refuses*' > "$OUT/sanitizer-$tool.log" 2>&1
+      --gtest_filter='CudaMoe.*:*TokenAlone*:*Twin*/Q3_K:*Twin*/Q8_0' > "$OUT/sanitizer-$tool.log" 2>&1
     src=$?
     san_summary+="$tool rc=$src: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1); "
   done

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "core/dtype.h"
 
@@ -276,27 +277,70 @@ __host__ __device__ constexpr int staged_row_stride(int seg_bytes) { return (seg
 // The warp copies each of its rows' segment [src, src + seg_bytes) into its shared slot with
 // 16-byte cp.async (coalesced: consecutive lanes take consecutive chunks). Chunks cover
 // [src & ~15, src + seg_bytes); bytes past the segment's end are never read (zero-filled), so a
-// matrix's last row may end its allocation. Returns where each row's first byte landed.
-__device__ __forceinline__ void stage_rows(const uint8_t* const src[kRowsPerWarp], int seg_bytes, uint8_t* slot,
-                                           int stride, const uint8_t* staged[kRowsPerWarp], int lane) {
+// matrix's last row may end its allocation. The copies go out as one commit group per `part_bytes`
+// of the rows (the bytes one pass of warp_dot_rows's lane loop decodes), so decoding can start on
+// the first part while the others are in flight: wait_staged_part(i, parts) before decoding part i.
+// Returns the number of parts; staged[r] is where row r's first byte lands.
+__device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp], int seg_bytes, int part_bytes,
+                                          uint8_t* slot, int stride, const uint8_t* staged[kRowsPerWarp], int lane) {
+  const int parts = (seg_bytes + part_bytes - 1) / part_bytes;
+  int first_piece[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const uintptr_t start = reinterpret_cast<uintptr_t>(src[r]);
-    const uintptr_t base = start & ~uintptr_t(15);
-    const uintptr_t end = start + uintptr_t(seg_bytes);
-    const int chunks = int((end - base + 15) / 16);
-    uint8_t* dst = slot + r * stride;
-    staged[r] = dst + (start - base);
-    for (int c = lane; c < chunks; c += 32) {
-      const uintptr_t from = base + uintptr_t(c) * 16;
-      const unsigned bytes = unsigned(end - from < 16 ? end - from : 16);
-      const unsigned dst_s = static_cast<unsigned>(__cvta_generic_to_shared(dst + c * 16));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_s), "l"(from), "r"(bytes));
-    }
+    staged[r] = slot + r * stride + (start & 15);
+    first_piece[r] = 0;
   }
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+  for (int part = 0; part < parts; ++part) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const uintptr_t start = reinterpret_cast<uintptr_t>(src[r]);
+      const uintptr_t base = start & ~uintptr_t(15);
+      const uintptr_t end = start + uintptr_t(seg_bytes);
+      // Pieces whose first byte lies before the end of this part (a piece that straddles two parts
+      // belongs to the earlier one, which needs it first).
+      const uintptr_t part_end = start + uintptr_t(min((part + 1) * part_bytes, seg_bytes));
+      const int last_piece = int((part_end - base + 15) / 16);
+      uint8_t* dst = slot + r * stride;
+      for (int c = first_piece[r] + lane; c < last_piece; c += 32) {
+        const uintptr_t from = base + uintptr_t(c) * 16;
+        const unsigned bytes = unsigned(end - from < 16 ? end - from : 16);
+        const unsigned dst_s = static_cast<unsigned>(__cvta_generic_to_shared(dst + c * 16));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_s), "l"(from), "r"(bytes));
+      }
+      first_piece[r] = last_piece;
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  return parts;
+}
+
+// Waits until parts 0 .. part of stage_rows have landed for the whole warp.
+__device__ __forceinline__ void wait_staged_part(int part, int parts) {
+  switch (parts - 1 - part) {  // groups still allowed in flight (an immediate operand)
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+  }
   __syncwarp();
 }
+
+// Bytes of one row that one pass of the lane loop (32 units) decodes.
+template <DType T>
+__device__ __forceinline__ int part_bytes_of() {
+  return 32 / Unit<T>::kUnitsPerBlock * Unit<T>::kBlockBytes;
+}
+
+// Programmatic dependent launch (sm_90): wait for the grids this one depends on (their writes are
+// then visible), and let the next grid in the stream start its prologue early. Both are no-ops
+// for a kernel launched without the programmatic-serialization attribute.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // ---- the warp dot -----------------------------------------------------------------------------
 
@@ -336,13 +380,17 @@ __device__ __forceinline__ int owner_index(int lane) {
 // emit(row, token, value) is called once per (row, token) by the lane that holds it.
 template <DType T, int NG, class XT, class Emit>
 __device__ __forceinline__ void warp_dot_rows(const uint8_t* const staged[kRowsPerWarp], int k_len,
-                                              const XT* const xs[NG], int lane, Emit&& emit) {
+                                              const XT* const xs[NG], int lane, int parts_to_wait, Emit&& emit) {
   using U = Unit<T>;
   float acc[kRowsPerWarp * NG];
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp * NG; ++i) acc[i] = 0.0f;
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
-  for (int u = lane; u < units; u += 32) {
+  const int passes = (units + 31) / 32;
+  for (int pass = 0; pass < passes; ++pass) {
+    if (parts_to_wait) wait_staged_part(pass, parts_to_wait);
+    const int u = pass * 32 + lane;
+    if (u >= units) continue;
     const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
     U unit[kRowsPerWarp];
 #pragma unroll
@@ -385,9 +433,11 @@ __device__ __forceinline__ void warp_dot_rows(const uint8_t* const staged[kRowsP
 // Runs warp_dot_rows over n activation rows in groups of up to kMaxGroup, choosing the group size
 // by how many rows remain (the results do not depend on that choice). x_row(i) gives row i;
 // emit(row, i, value) as in warp_dot_rows; group_done(first, count) after each group's emits.
+// parts: what stage_rows returned (the first group waits for each part as it decodes it).
 template <DType T, class XT, class XRow, class Emit, class GroupDone>
-__device__ __forceinline__ void warp_dot_rows_all(const uint8_t* const staged[kRowsPerWarp], int k_len, int n,
-                                                  XRow&& x_row, int lane, Emit&& emit, GroupDone&& group_done) {
+__device__ __forceinline__ void warp_dot_rows_all(const uint8_t* const staged[kRowsPerWarp], int k_len, int parts,
+                                                  int n, XRow&& x_row, int lane, Emit&& emit,
+                                                  GroupDone&& group_done) {
   for (int t0 = 0; t0 < n; t0 += kMaxGroup) {
     const int left = n - t0;
     auto run = [&](auto ng_constant) {
@@ -395,7 +445,7 @@ __device__ __forceinline__ void warp_dot_rows_all(const uint8_t* const staged[kR
       const XT* xs[NG];
 #pragma unroll
       for (int t = 0; t < NG; ++t) xs[t] = x_row(t0 + (t < left ? t : 0));  // padding rows repeat row t0
-      warp_dot_rows<T, NG, XT>(staged, k_len, xs, lane, [&](int r, int t, float v) {
+      warp_dot_rows<T, NG, XT>(staged, k_len, xs, lane, t0 == 0 ? parts : 0, [&](int r, int t, float v) {
         if (t < left) emit(r, t0 + t, v);
       });
     };
@@ -405,6 +455,24 @@ __device__ __forceinline__ void warp_dot_rows_all(const uint8_t* const staged[kR
     else run(std::integral_constant<int, 4>{});
     group_done(t0, left < kMaxGroup ? left : kMaxGroup);
   }
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization,
+// so it may start while the previous kernel in the stream finishes (see wait_for_previous_grid).
+template <class... Params, class... Args>
+__host__ cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                       cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // Calls f(std::integral_constant<DType, T>) for the block formats the CUDA kernels decode.

@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) gemv_kernel(GemvParams p) {
   const int64_t k0 = int64_t(split) * p.k_chunk;
   const int k_len = int(min(p.k_chunk, p.cols - k0));
   const int64_t row0 = int64_t(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp;
+  allow_next_grid();
   if (row0 < p.rows) {
     const uint8_t* src[kRowsPerWarp];
     const uint8_t* staged[kRowsPerWarp];
@@ -42,11 +43,13 @@ __global__ void __launch_bounds__(kWarps * 32, 4) gemv_kernel(GemvParams p) {
       const int64_t row = row0 + r < p.rows ? row0 + r : row0;  // past the end: repeat a valid row
       src[r] = p.weights + row * p.row_bytes + k0 / U::kBlockElems * U::kBlockBytes;
     }
-    stage_rows(src, k_len / U::kBlockElems * U::kBlockBytes, smem + warp * kRowsPerWarp * p.stride, p.stride,
-               staged, lane);
+    // The weights do not depend on the previous kernel: fetch them before waiting for it.
+    const int parts = stage_rows(src, k_len / U::kBlockElems * U::kBlockBytes, part_bytes_of<T>(),
+                                 smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+    wait_for_previous_grid();
     const XT* x = static_cast<const XT*>(p.x);
     warp_dot_rows_all<T, XT>(
-        staged, k_len, int(p.n), [&](int t) { return x + t * p.cols + k0; }, lane,
+        staged, k_len, parts, int(p.n), [&](int t) { return x + t * p.cols + k0; }, lane,
         [&](int r, int t, float v) {
           const int64_t row = row0 + r;
           if (row >= p.rows) return;
@@ -54,6 +57,8 @@ __global__ void __launch_bounds__(kWarps * 32, 4) gemv_kernel(GemvParams p) {
           else p.partial[(int64_t(split) * p.n + t) * p.rows + row] = v;
         },
         [](int, int) {});
+  } else {
+    wait_for_previous_grid();
   }
   if (p.k_splits == 1) return;
   // The last block of this row tile to finish adds the chunks' partial sums in chunk order.
@@ -143,10 +148,11 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.k_splits));
   dispatch_block_type(plan.type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
-    if (args.x_bf16) gemv_kernel<T, __nv_bfloat16><<<grid, kWarps * 32, smem, stream>>>(p);
-    else gemv_kernel<T, float><<<grid, kWarps * 32, smem, stream>>>(p);
+    const dim3 block(kWarps * 32);
+    check(args.x_bf16 ? launch_overlapped(gemv_kernel<T, __nv_bfloat16>, grid, block, smem, stream, p)
+                      : launch_overlapped(gemv_kernel<T, float>, grid, block, smem, stream, p),
+          "launching the GEMV kernel");
   });
-  check(cudaGetLastError(), "launching the GEMV kernel");
 }
 
 }  // namespace spill::cuda

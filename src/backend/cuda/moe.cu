@@ -64,6 +64,10 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 2) moe_gate_up_kernel(MoePa
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float scratch[kGateUpWarps][kRowsPerWarp][kMaxGroup];
   __shared__ int count;
+  // The ids come from the router, the previous kernel: wait for it first. Then the down kernel
+  // may start its prologue (fetching its weights) as this grid's blocks retire.
+  wait_for_previous_grid();
+  allow_next_grid();
   const int pair = blockIdx.y;
   const int key = expert_key(p.ids[pair], p.n_experts);
   int* list = reinterpret_cast<int*>(smem + kGateUpWarps * kRowsPerWarp * p.stride + 16);
@@ -81,9 +85,10 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 2) moe_gate_up_kernel(MoePa
   const uint8_t* up = static_cast<const uint8_t*>(e.up);
   const uint8_t* src[kRowsPerWarp] = {gate + row0 * rb, gate + row1 * rb, up + row0 * rb, up + row1 * rb};
   const uint8_t* staged[kRowsPerWarp];
-  stage_rows(src, int(rb), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+  const int parts =
+      stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
   warp_dot_rows_all<T, float>(
-      staged, int(p.hidden), m, [&](int i) { return p.x + int64_t(list[i] / p.top_k) * p.hidden; }, lane,
+      staged, int(p.hidden), parts, m, [&](int i) { return p.x + int64_t(list[i] / p.top_k) * p.hidden; }, lane,
       [&](int r, int i, float v) { scratch[warp][r][i % kMaxGroup] = v; },
       [&](int first, int n_group) {
         __syncwarp();
@@ -105,6 +110,9 @@ __global__ void __launch_bounds__(kDownWarps * 32, 4) moe_down_kernel(MoeParams 
   __shared__ int count;
   __shared__ unsigned seen[kMaxExperts / 32 + 1];  // bit per expert, last word's top bit: invalid ids
   __shared__ bool last_block;
+  // The ids were written before the gate/up kernel started (it waited for them), so they can be
+  // read now; the weights too. Only the activations need the gate/up kernel finished.
+  allow_next_grid();
   const int pair = blockIdx.y;
   const int key = expert_key(p.ids[pair], p.n_experts);
   int* list = reinterpret_cast<int*>(smem + kDownWarps * kRowsPerWarp * p.stride + 16);
@@ -127,6 +135,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 4) moe_down_kernel(MoeParams 
   const int64_t row0 = tile_row0 + warp * kRowsPerWarp;
   if (key < 0) {
     // Pairs with no valid expert contribute zero rows.
+    wait_for_previous_grid();
     for (int i = threadIdx.x; i < m * kDownRows; i += blockDim.x) {
       const int64_t row = tile_row0 + i % kDownRows;
       if (row < p.hidden) p.partial[int64_t(list[i / kDownRows]) * p.hidden + row] = 0.0f;
@@ -139,14 +148,18 @@ __global__ void __launch_bounds__(kDownWarps * 32, 4) moe_down_kernel(MoeParams 
     const uint8_t* staged[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) src[r] = down + (row0 + r < p.hidden ? row0 + r : row0) * rb;
-    stage_rows(src, int(rb), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+    const int parts =
+        stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+    wait_for_previous_grid();
     warp_dot_rows_all<T, float>(
-        staged, int(p.width), m, [&](int i) { return p.act + int64_t(list[i]) * p.width; }, lane,
+        staged, int(p.width), parts, m, [&](int i) { return p.act + int64_t(list[i]) * p.width; }, lane,
         [&](int r, int i, float v) {
           const int64_t row = row0 + r;
           if (row < p.hidden) p.partial[int64_t(list[i]) * p.hidden + row] = __fmul_rn(p.weights[list[i]], v);
         },
         [](int, int) {});
+  } else {
+    wait_for_previous_grid();
   }
 
   // The last of this tile's blocks adds each token's partial rows in slot order.
@@ -264,9 +277,9 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(cudaFuncSetAttribute(moe_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "raising the MoE gate/up kernel's shared memory limit");
     const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), unsigned(p.pairs));
-    moe_gate_up_kernel<T><<<grid, kGateUpWarps * 32, smem, stream>>>(q);
+    check(launch_overlapped(moe_gate_up_kernel<T>, grid, dim3(kGateUpWarps * 32), smem, stream, q),
+          "launching the MoE gate/up kernel");
   });
-  check(cudaGetLastError(), "launching the MoE gate/up kernel");
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     MoeParams q = p;
@@ -275,9 +288,9 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(cudaFuncSetAttribute(moe_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "raising the MoE down kernel's shared memory limit");
     const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), unsigned(p.pairs));
-    moe_down_kernel<T><<<grid, kDownWarps * 32, smem, stream>>>(q);
+    check(launch_overlapped(moe_down_kernel<T>, grid, dim3(kDownWarps * 32), smem, stream, q),
+          "launching the MoE down kernel");
   });
-  check(cudaGetLastError(), "launching the MoE down kernel");
 }
 
 }  // namespace spill::cuda
