@@ -213,7 +213,7 @@ TEST(CudaMoe, TopKEqualToExpertCountAndSmallQ8Widths) {
 
 TEST(CudaMoe, ManyTokensOnFewExperts) {
   SPILL_SKIP_WITHOUT_GPU();
-  // 17 tokens all on the same 2 of 32 experts: five token groups per expert, 30 experts idle.
+  // 17 tokens all on the same 2 of 32 experts (17 tokens per expert), 30 experts idle.
   expect_matches_twin({256, 256, 32, 2, DType::Q4_K, DType::Q4_K}, 17, 2, 31);
 }
 

@@ -15,7 +15,7 @@
 //  * lane l takes the row's 32-weight units l, l + 32, ...; lanes are summed by one butterfly
 //    (offsets 16, 8, 4, 2, 1) for every value, whichever lane ends up holding it.
 // Every operation is an explicit _rn intrinsic so the compiler cannot contract differently in
-// different instantiations (token-group sizes 1, 2 and 4 give bit-identical results).
+// different instantiations (warp_dot_rows's token-group sizes give bit-identical results).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -29,7 +29,6 @@
 namespace spill::cuda {
 
 constexpr int kRowsPerWarp = 4;   // rows a warp dots at once: x is loaded once for all four
-constexpr int kMaxGroup = 4;      // activation rows a warp dots at once (a token group)
 
 // ---- small device helpers ---------------------------------------------------------------------
 
@@ -304,9 +303,15 @@ __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp]
       uint8_t* dst = slot + r * stride;
       for (int c = first_piece[r] + lane; c < last_piece; c += 32) {
         const uintptr_t from = base + uintptr_t(c) * 16;
-        const unsigned bytes = unsigned(end - from < 16 ? end - from : 16);
-        const unsigned dst_s = static_cast<unsigned>(__cvta_generic_to_shared(dst + c * 16));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_s), "l"(from), "r"(bytes));
+        if (end - from >= 16) {
+          const unsigned dst_s = static_cast<unsigned>(__cvta_generic_to_shared(dst + c * 16));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_s), "l"(from));
+        } else {
+          // The segment's last bytes, where it ends inside a 16-byte chunk: byte loads, so
+          // nothing past the end (maybe the end of the allocation) is touched.
+          const uint8_t* p = reinterpret_cast<const uint8_t*>(from);
+          for (int i = 0; i < 16; ++i) dst[c * 16 + i] = from + i < end ? p[i] : uint8_t(0);
+        }
       }
       first_piece[r] = last_piece;
     }
@@ -376,8 +381,10 @@ __device__ __forceinline__ int owner_index(int lane) {
 }
 
 // Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with NG activation rows
-// (xs[t] points at the first of their k_len values). Lane results: see emit.
-// emit(row, token, value) is called once per (row, token) by the lane that holds it.
+// (xs[t] points at the first of their k_len values). For each of its units a lane loads the
+// unit's 32 activations of each token once (registers), then decodes the unit in each row in
+// turn, so few values are live at once. emit(row, token, value) is called once per (row, token)
+// by the lane that holds the sum.
 template <DType T, int NG, class XT, class Emit>
 __device__ __forceinline__ void warp_dot_rows(const uint8_t* const staged[kRowsPerWarp], int k_len,
                                               const XT* const xs[NG], int lane, int parts_to_wait, Emit&& emit) {
@@ -388,37 +395,42 @@ __device__ __forceinline__ void warp_dot_rows(const uint8_t* const staged[kRowsP
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
   const int passes = (units + 31) / 32;
   for (int pass = 0; pass < passes; ++pass) {
-    if (parts_to_wait) wait_staged_part(pass, parts_to_wait);
     const int u = pass * 32 + lane;
-    if (u >= units) continue;
+    float x[NG][4][8];
+    float sum_x[NG][4];
     const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
-    U unit[kRowsPerWarp];
+    if (u < units) {  // activations first: they do not wait for the staged weights
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) unit[r].load(staged[r] + block * U::kBlockBytes, slot);
+      for (int t = 0; t < NG; ++t)
 #pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      float q[kRowsPerWarp][8], dl[kRowsPerWarp], ml[kRowsPerWarp];
+        for (int g = 0; g < 4; ++g) {
+          load_x8(xs[t] + block * U::kBlockElems + U::x_offset(slot, g), x[t][g]);
+          if constexpr (U::kHasMin) {
+            float sx = x[t][g][0];
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) unit[r].group(g, q[r], dl[r], ml[r]);
-      const int xoff = block * U::kBlockElems + U::x_offset(slot, g);
-#pragma unroll
-      for (int t = 0; t < NG; ++t) {
-        float x[8];
-        load_x8(xs[t] + xoff, x);
-        float sum_x = 0.0f;
-        if constexpr (U::kHasMin) {
-          sum_x = x[0];
-#pragma unroll
-          for (int i = 1; i < 8; ++i) sum_x = __fadd_rn(sum_x, x[i]);
+            for (int i = 1; i < 8; ++i) sx = __fadd_rn(sx, x[t][g][i]);
+            sum_x[t][g] = sx;
+          }
         }
+    }
+    if (parts_to_wait) wait_staged_part(pass, parts_to_wait);
+    if (u >= units) continue;
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          float s = __fmul_rn(q[r][0], x[0]);
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      U unit;
+      unit.load(staged[r] + block * U::kBlockBytes, slot);
 #pragma unroll
-          for (int i = 1; i < 8; ++i) s = __fmaf_rn(q[r][i], x[i], s);
+      for (int g = 0; g < 4; ++g) {
+        float q[8], dl, ml;
+        unit.group(g, q, dl, ml);
+#pragma unroll
+        for (int t = 0; t < NG; ++t) {
+          float s = __fmul_rn(q[0], x[t][g][0]);
+#pragma unroll
+          for (int i = 1; i < 8; ++i) s = __fmaf_rn(q[i], x[t][g][i], s);
           float& a = acc[r * NG + t];
-          a = __fmaf_rn(dl[r], s, a);
-          if constexpr (U::kHasMin) a = __fmaf_rn(-ml[r], sum_x, a);
+          a = __fmaf_rn(dl, s, a);
+          if constexpr (U::kHasMin) a = __fmaf_rn(-ml, sum_x[t][g], a);
         }
       }
     }
@@ -430,30 +442,20 @@ __device__ __forceinline__ void warp_dot_rows(const uint8_t* const staged[kRowsP
   if ((lane & (kReplicas - 1)) == 0) emit(index / NG, index % NG, total);
 }
 
-// Runs warp_dot_rows over n activation rows in groups of up to kMaxGroup, choosing the group size
-// by how many rows remain (the results do not depend on that choice). x_row(i) gives row i;
-// emit(row, i, value) as in warp_dot_rows; group_done(first, count) after each group's emits.
-// parts: what stage_rows returned (the first group waits for each part as it decodes it).
+// Runs warp_dot_rows over n activation rows, one at a time: each row re-decodes the staged
+// weights (cheap next to HBM) instead of holding several rows' activations in registers, which
+// spilled and halved the warps an SM holds (docs/perf/NOTES.md). x_row(i) gives row i;
+// emit(row, i, value) as in warp_dot_rows; group_done(i) after row i's emits. parts: what
+// stage_rows returned (the first row waits for each part as it decodes it).
 template <DType T, class XT, class XRow, class Emit, class GroupDone>
 __device__ __forceinline__ void warp_dot_rows_all(const uint8_t* const staged[kRowsPerWarp], int k_len, int parts,
                                                   int n, XRow&& x_row, int lane, Emit&& emit,
                                                   GroupDone&& group_done) {
-  for (int t0 = 0; t0 < n; t0 += kMaxGroup) {
-    const int left = n - t0;
-    auto run = [&](auto ng_constant) {
-      constexpr int NG = decltype(ng_constant)::value;
-      const XT* xs[NG];
-#pragma unroll
-      for (int t = 0; t < NG; ++t) xs[t] = x_row(t0 + (t < left ? t : 0));  // padding rows repeat row t0
-      warp_dot_rows<T, NG, XT>(staged, k_len, xs, lane, t0 == 0 ? parts : 0, [&](int r, int t, float v) {
-        if (t < left) emit(r, t0 + t, v);
-      });
-    };
-    static_assert(kMaxGroup == 4, "the dispatch below covers groups of 1, 2 and 4");
-    if (left == 1) run(std::integral_constant<int, 1>{});
-    else if (left == 2) run(std::integral_constant<int, 2>{});
-    else run(std::integral_constant<int, 4>{});
-    group_done(t0, left < kMaxGroup ? left : kMaxGroup);
+  for (int t = 0; t < n; ++t) {
+    const XT* xs[1] = {x_row(t)};
+    warp_dot_rows<T, 1, XT>(staged, k_len, xs, lane, t == 0 ? parts : 0,
+                            [&](int r, int, float v) { emit(r, t, v); });
+    group_done(t);
   }
 }
 

@@ -25,7 +25,7 @@ struct GemvParams {
 };
 
 template <DType T, class XT>
-__global__ void __launch_bounds__(kWarps * 32, 4) gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kWarps * 32, 6) gemv_kernel(GemvParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ bool last_block;
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) gemv_kernel(GemvParams p) {
           if (p.k_splits == 1) p.y[t * p.rows + row] = v;
           else p.partial[(int64_t(split) * p.n + t) * p.rows + row] = v;
         },
-        [](int, int) {});
+        [](int) {});
   } else {
     wait_for_previous_grid();
   }

@@ -59,10 +59,10 @@ __device__ int gather_pairs(const MoeParams& p, int pair, int key, int* list, in
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
 template <DType T>
-__global__ void __launch_bounds__(kGateUpWarps * 32, 2) moe_gate_up_kernel(MoeParams p) {
+__global__ void __launch_bounds__(kGateUpWarps * 32, 3) moe_gate_up_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ float scratch[kGateUpWarps][kRowsPerWarp][kMaxGroup];
+  __shared__ float scratch[kGateUpWarps][kRowsPerWarp];
   __shared__ int count;
   // The ids come from the router, the previous kernel: wait for it first. Then the down kernel
   // may start its prologue (fetching its weights) as this grid's blocks retire.
@@ -89,22 +89,17 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 2) moe_gate_up_kernel(MoePa
       stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
   warp_dot_rows_all<T, float>(
       staged, int(p.hidden), parts, m, [&](int i) { return p.x + int64_t(list[i] / p.top_k) * p.hidden; }, lane,
-      [&](int r, int i, float v) { scratch[warp][r][i % kMaxGroup] = v; },
-      [&](int first, int n_group) {
+      [&](int r, int, float v) { scratch[warp][r] = v; },
+      [&](int i) {
         __syncwarp();
-        for (int i = lane; i < 2 * n_group; i += 32) {
-          const int r = i & 1, t = i >> 1;
-          const int64_t row = row0 + r;
-          if (row < p.width)
-            p.act[int64_t(list[first + t]) * p.width + row] =
-                __fmul_rn(silu(scratch[warp][r][t]), scratch[warp][2 + r][t]);
-        }
+        if (lane < 2 && row0 + lane < p.width)
+          p.act[int64_t(list[i]) * p.width + row0 + lane] = __fmul_rn(silu(scratch[warp][lane]), scratch[warp][2 + lane]);
         __syncwarp();
       });
 }
 
 template <DType T>
-__global__ void __launch_bounds__(kDownWarps * 32, 4) moe_down_kernel(MoeParams p) {
+__global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int count;
@@ -157,7 +152,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 4) moe_down_kernel(MoeParams 
           const int64_t row = row0 + r;
           if (row < p.hidden) p.partial[int64_t(list[i]) * p.hidden + row] = __fmul_rn(p.weights[list[i]], v);
         },
-        [](int, int) {});
+        [](int) {});
   } else {
     wait_for_previous_grid();
   }
@@ -274,22 +269,26 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.hidden)));
     const size_t smem = size_t(kGateUpWarps) * kRowsPerWarp * q.stride + 16 + list_bytes;
-    check(cudaFuncSetAttribute(moe_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "raising the MoE gate/up kernel's shared memory limit");
     const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), unsigned(p.pairs));
-    check(launch_overlapped(moe_gate_up_kernel<T>, grid, dim3(kGateUpWarps * 32), smem, stream, q),
-          "launching the MoE gate/up kernel");
+    {
+      check(cudaFuncSetAttribute(moe_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "raising the MoE gate/up kernel's shared memory limit");
+      check(launch_overlapped(moe_gate_up_kernel<T>, grid, dim3(kGateUpWarps * 32), smem, stream, q),
+            "launching the MoE gate/up kernel");
+    }
   });
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.width)));
     const size_t smem = size_t(kDownWarps) * kRowsPerWarp * q.stride + 16 + list_bytes;
-    check(cudaFuncSetAttribute(moe_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "raising the MoE down kernel's shared memory limit");
     const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), unsigned(p.pairs));
-    check(launch_overlapped(moe_down_kernel<T>, grid, dim3(kDownWarps * 32), smem, stream, q),
-          "launching the MoE down kernel");
+    {
+      check(cudaFuncSetAttribute(moe_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "raising the MoE down kernel's shared memory limit");
+      check(launch_overlapped(moe_down_kernel<T>, grid, dim3(kDownWarps * 32), smem, stream, q),
+            "launching the MoE down kernel");
+    }
   });
 }
 
