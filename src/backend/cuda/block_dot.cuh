@@ -10,7 +10,7 @@
 //  * every weight is w = dl * q - ml, with q a small integer decoded exactly (the "magic" float
 //    2^23 + q minus 2^23 + offset is exact), dl the sub-block scale and ml its offset (zero for the
 //    formats whose offset is folded into q: Q8_0, Q6_K, Q3_K);
-//  * a lane sums q * x over 8 consecutive weights in one fma chain, then adds dl * that sum and
+//  * a lane sums q * x over 8 consecutive weights (two fma chains of 4, then their sum), adds dl * that sum and
 //    subtracts ml * sum(x) (Q4_K, Q5_K, Q2_K): the factored form costs one fma per weight and token;
 //  * lane l takes the row's 32-weight units l, l + 32, ...; lanes are summed by one butterfly
 //    (offsets 16, 8, 4, 2, 1) for every value, whichever lane ends up holding it.
@@ -425,9 +425,14 @@ __device__ __forceinline__ void warp_dot_rows(const uint8_t* const staged[kRowsP
         unit.group(g, q, dl, ml);
 #pragma unroll
         for (int t = 0; t < NG; ++t) {
-          float s = __fmul_rn(q[0], x[t][g][0]);
+          // Two chains of four (even and odd weights) for instruction-level parallelism.
+          float s0 = __fmul_rn(q[0], x[t][g][0]), s1 = __fmul_rn(q[1], x[t][g][1]);
 #pragma unroll
-          for (int i = 1; i < 8; ++i) s = __fmaf_rn(q[i], x[t][g][i], s);
+          for (int i = 2; i < 8; i += 2) {
+            s0 = __fmaf_rn(q[i], x[t][g][i], s0);
+            s1 = __fmaf_rn(q[i + 1], x[t][g][i + 1], s1);
+          }
+          const float s = __fadd_rn(s0, s1);
           float& a = acc[r * NG + t];
           a = __fmaf_rn(dl, s, a);
           if constexpr (U::kHasMin) a = __fmaf_rn(-ml, sum_x[t][g], a);

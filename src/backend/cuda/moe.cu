@@ -33,24 +33,33 @@ __device__ __forceinline__ int expert_key(int32_t id, int32_t n_experts) {
   return id >= 0 && id < n_experts ? id : -1;  // all invalid ids form one group that contributes 0
 }
 
-// The grouping, on the device: whether this block's pair is the first routed to its expert, and
-// that expert's pairs in ascending order. Warp 0 scans the ids with ballots. Returns the count of
-// pairs in `list` (0 when this block is not the first: the caller returns).
-__device__ int gather_pairs(const MoeParams& p, int pair, int key, int* list, int* shared_count) {
+// The grouping, on the device: this block's expert key (from ids[pair]), whether its pair is the
+// first routed to that expert, and the expert's pairs in ascending order. Warp 0 reads the ids
+// once, coalesced, and scans them with ballots. Returns the count of pairs in `list` (0 when this
+// block is not the first, and the caller returns); *key_out is the key.
+__device__ int gather_pairs(const MoeParams& p, int pair, int* list, int* shared_count, int* key_out) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
+    // Both first loads go out together: one memory round trip before the scan.
+    const int32_t own_id = p.ids[pair];
+    const int32_t first_id = lane < p.pairs ? p.ids[lane] : -1;
+    const int key = expert_key(own_id, p.n_experts);
     int count = 0;
     bool first = true;
     for (int base = 0; base < p.pairs; base += 32) {
       const int q = base + lane;
-      const bool match = q < p.pairs && expert_key(p.ids[q], p.n_experts) == key;
+      const int32_t id = base == 0 ? first_id : (q < p.pairs ? p.ids[q] : -1);
+      const bool match = q < p.pairs && expert_key(id, p.n_experts) == key;
       const unsigned mask = __ballot_sync(0xffffffffu, match);
       if (mask & (pair - base >= 32 ? 0xffffffffu : pair - base <= 0 ? 0u : (1u << (pair - base)) - 1u))
         first = false;
       if (match) list[count + __popc(mask & ((1u << lane) - 1u))] = q;
       count += __popc(mask);
     }
-    if (lane == 0) *shared_count = first ? count : 0;
+    if (lane == 0) {
+      *shared_count = first ? count : 0;
+      *key_out = key;
+    }
   }
   __syncthreads();
   return *shared_count;
@@ -63,17 +72,15 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 3) moe_gate_up_kernel(MoePa
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float scratch[kGateUpWarps][kRowsPerWarp];
-  __shared__ int count;
+  __shared__ int count, shared_key;
   // The ids come from the router, the previous kernel: wait for it first. Then the down kernel
   // may start its prologue (fetching its weights) as this grid's blocks retire.
   wait_for_previous_grid();
   allow_next_grid();
-  const int pair = blockIdx.y;
-  const int key = expert_key(p.ids[pair], p.n_experts);
   int* list = reinterpret_cast<int*>(smem + kGateUpWarps * kRowsPerWarp * p.stride + 16);
-  if (key < 0) return;
-  const int m = gather_pairs(p, pair, key, list, &count);
-  if (m == 0) return;
+  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  const int key = shared_key;
+  if (m == 0 || key < 0) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = int64_t(blockIdx.x) * kGateUpRows + 2 * warp;
@@ -102,16 +109,15 @@ template <DType T>
 __global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int count;
+  __shared__ int count, shared_key;
   __shared__ unsigned seen[kMaxExperts / 32 + 1];  // bit per expert, last word's top bit: invalid ids
   __shared__ bool last_block;
   // The ids were written before the gate/up kernel started (it waited for them), so they can be
   // read now; the weights too. Only the activations need the gate/up kernel finished.
   allow_next_grid();
-  const int pair = blockIdx.y;
-  const int key = expert_key(p.ids[pair], p.n_experts);
   int* list = reinterpret_cast<int*>(smem + kDownWarps * kRowsPerWarp * p.stride + 16);
-  const int m = gather_pairs(p, pair, key, list, &count);
+  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  const int key = shared_key;
   if (m == 0) return;
 
   // How many blocks take part in this tile: one per distinct key among the pairs.
