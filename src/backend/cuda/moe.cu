@@ -10,9 +10,8 @@ namespace {
 
 constexpr int kGateUpWarps = 8;  // each warp: 2 gate rows and the same 2 up rows
 constexpr int kGateUpRows = kGateUpWarps * 2;
-constexpr int kDownWarps = 4;    // each warp: kDownQuads times 4 rows of down
-constexpr int kDownQuads = 2;    // down rows are short (the expert width): two quads per warp halve the blocks
-constexpr int kDownRows = kDownWarps * kDownQuads * kRowsPerWarp;
+constexpr int kDownWarps = 4;    // each warp: 4 rows of down
+constexpr int kDownRows = kDownWarps * kRowsPerWarp;
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxPairs = 8192;
 
@@ -116,7 +115,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams 
   // The ids were written before the gate/up kernel started (it waited for them), so they can be
   // read now; the weights too. Only the activations need the gate/up kernel finished.
   allow_next_grid();
-  int* list = reinterpret_cast<int*>(smem + kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16);
+  int* list = reinterpret_cast<int*>(smem + kDownWarps * kRowsPerWarp * p.stride + 16);
   const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
   const int key = shared_key;
   if (m == 0) return;
@@ -134,6 +133,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams 
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row0 = int64_t(blockIdx.x) * kDownRows;
+  const int64_t row0 = tile_row0 + warp * kRowsPerWarp;
   if (key < 0) {
     // Pairs with no valid expert contribute zero rows.
     wait_for_previous_grid();
@@ -141,38 +141,26 @@ __global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams 
       const int64_t row = tile_row0 + i % kDownRows;
       if (row < p.hidden) p.partial[int64_t(list[i / kDownRows]) * p.hidden + row] = 0.0f;
     }
-  } else {
+  } else if (row0 < p.hidden) {
     const ExpertWeights e = p.table[key];
     const int64_t rb = p.width / U::kBlockElems * U::kBlockBytes;
     const uint8_t* down = static_cast<const uint8_t*>(e.down);
-    // Stage every quad of this warp first (all of its bytes in flight at once), then dot them.
-    const uint8_t* staged[kDownQuads][kRowsPerWarp];
-    int64_t quad_row0[kDownQuads];
+    const uint8_t* src[kRowsPerWarp];
+    const uint8_t* staged[kRowsPerWarp];
 #pragma unroll
-    for (int qd = 0; qd < kDownQuads; ++qd) {
-      quad_row0[qd] = tile_row0 + (qd * kDownWarps + warp) * kRowsPerWarp;
-      const int64_t r0 = quad_row0[qd] < p.hidden ? quad_row0[qd] : tile_row0;
-      const uint8_t* src[kRowsPerWarp];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) src[r] = down + (r0 + r < p.hidden ? r0 + r : r0) * rb;
-      stage_rows(src, int(rb), int(rb), smem + (qd * kDownWarps + warp) * kRowsPerWarp * p.stride, p.stride,
-                 staged[qd], lane);
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncwarp();
+    for (int r = 0; r < kRowsPerWarp; ++r) src[r] = down + (row0 + r < p.hidden ? row0 + r : row0) * rb;
+    const int parts =
+        stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
     wait_for_previous_grid();
-#pragma unroll
-    for (int qd = 0; qd < kDownQuads; ++qd) {
-      const int64_t row0 = quad_row0[qd];
-      if (row0 >= p.hidden) continue;
-      warp_dot_rows_all<T, float>(
-          staged[qd], int(p.width), 0, m, [&](int i) { return p.act + int64_t(list[i]) * p.width; }, lane,
-          [&](int r, int i, float v) {
-            const int64_t row = row0 + r;
-            if (row < p.hidden) p.partial[int64_t(list[i]) * p.hidden + row] = __fmul_rn(p.weights[list[i]], v);
-          },
-          [](int) {});
-    }
+    warp_dot_rows_all<T, float>(
+        staged, int(p.width), parts, m, [&](int i) { return p.act + int64_t(list[i]) * p.width; }, lane,
+        [&](int r, int i, float v) {
+          const int64_t row = row0 + r;
+          if (row < p.hidden) p.partial[int64_t(list[i]) * p.hidden + row] = __fmul_rn(p.weights[list[i]], v);
+        },
+        [](int) {});
+  } else {
+    wait_for_previous_grid();
   }
 
   // The last of this tile's blocks adds each token's partial rows in slot order.
@@ -299,7 +287,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     constexpr DType T = decltype(type_constant)::value;
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.width)));
-    const size_t smem = size_t(kDownWarps) * kDownQuads * kRowsPerWarp * q.stride + 16 + list_bytes;
+    const size_t smem = size_t(kDownWarps) * kRowsPerWarp * q.stride + 16 + list_bytes;
     const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), unsigned(p.pairs));
     {
       check(cudaFuncSetAttribute(moe_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),

@@ -9,7 +9,7 @@
 //      expert's bytes are read once per step however many tokens route to it, and experts with no
 //      tokens cost nothing. Gate and up rows are dotted together and SiLU(gate) * up written per
 //      (token, slot) pair.
-//   2. down: the same grouping over 32-row tiles of the hidden size; each pair's row times its
+//   2. down: the same grouping over 16-row tiles of the hidden size; each pair's row times its
 //      routing weight goes to a per-pair partial row; the last block to finish a tile adds the
 //      partial rows of each token in slot order.
 // Every pair's arithmetic is the same whatever else is in the batch (block_dot.cuh), and the slot
