@@ -104,15 +104,17 @@ struct UnitQ45K {
   int sub;  // 2p
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int p = s >> 1, l0 = 16 * (s & 1);
-    const uint4 head = *reinterpret_cast<const uint4*>(b);  // d, dmin, scales[12]
+    const uint32_t head_x = *reinterpret_cast<const uint32_t*>(b);  // d, dmin (scales[12] follow)
     const uint4 q4 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * p + l0);
     qs[0] = q4.x, qs[1] = q4.y, qs[2] = q4.z, qs[3] = q4.w;
     if constexpr (kFiveBit) {
       const uint4 h4 = *reinterpret_cast<const uint4*>(b + 16 + l0);
       qh[0] = h4.x, qh[1] = h4.y, qh[2] = h4.z, qh[3] = h4.w;
     }
-    const float d = f16_bits_to_f32(uint16_t(head.x & 0xFFFF)), dmin = f16_bits_to_f32(uint16_t(head.x >> 16));
-    const uint8_t* sc = reinterpret_cast<const uint8_t*>(&head) + 4;
+    const float d = f16_bits_to_f32(uint16_t(head_x & 0xFFFF)), dmin = f16_bits_to_f32(uint16_t(head_x >> 16));
+    // Scale bytes straight from shared memory: indexing the register copy by the run-time j put it
+    // in local memory (a stack frame and LDL/STL per unit).
+    const uint8_t* sc = b + 4;
     sub = 2 * p;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
