@@ -11,7 +11,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
-constexpr int kTargetBlocks = 256;         // about two blocks per SM on an H100/H200
+constexpr int kTargetBlocks = 1024;        // ~8 blocks (32 warps) per SM on an H100/H200: decode is latency-bound
 constexpr int kMaxSegmentBytes = 2304;     // staged bytes per row per chunk (a Q4_K row of 4096)
 
 struct GemvParams {
@@ -99,9 +99,9 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   plan.max_n = max_n;
   plan.row_tiles = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t block_elems = dtype_block_elems(type), k_blocks = cols / block_elems;
-  // Chunks: at least 1024 weights (so a warp's 32 lanes all have units), at most kMaxSegmentBytes,
-  // and as many as it takes to reach kTargetBlocks blocks.
-  const int64_t min_blocks = std::min<int64_t>(k_blocks, 1024 / block_elems);
+  // Chunks: at least 512 weights (half a warp's lanes have a unit at the least), at most
+  // kMaxSegmentBytes, and as many as it takes to reach kTargetBlocks blocks.
+  const int64_t min_blocks = std::min<int64_t>(k_blocks, std::max<int64_t>(1, 512 / block_elems));
   const int64_t max_blocks = std::max<int64_t>(min_blocks, kMaxSegmentBytes / dtype_traits(type).block_bytes);
   const int64_t want_splits = std::max<int64_t>(1, (kTargetBlocks + plan.row_tiles - 1) / plan.row_tiles);
   int64_t chunk_blocks = (k_blocks + want_splits - 1) / want_splits;
