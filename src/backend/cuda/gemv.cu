@@ -1,0 +1,158 @@
+#include "backend/cuda/gemv.h"
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/block_dot.cuh"
+#include "backend/cuda/cuda_check.h"
+
+namespace spill::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+constexpr int kTargetBlocks = 1024;        // ~8 blocks (32 warps) per SM on an H100/H200: decode is latency-bound
+constexpr int kMaxSegmentBytes = 2304;     // staged bytes per row per chunk (a Q4_K row of 4096)
+
+struct GemvParams {
+  const uint8_t* weights;
+  const void* x;
+  float* y;
+  float* partial;   // [k_splits][n][rows]
+  int32_t* counters;  // [row_tiles]
+  int64_t rows, cols, row_bytes, k_chunk, n;
+  int32_t k_splits, stride;
+};
+
+template <DType T, class XT>
+__global__ void __launch_bounds__(kWarps * 32, 6) gemv_kernel(GemvParams p) {
+  using U = Unit<T>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ bool last_block;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int split = blockIdx.y;
+  const int64_t k0 = int64_t(split) * p.k_chunk;
+  const int k_len = int(min(p.k_chunk, p.cols - k0));
+  const int64_t row0 = int64_t(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp;
+  allow_next_grid();
+  if (row0 < p.rows) {
+    const uint8_t* src[kRowsPerWarp];
+    const uint8_t* staged[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t row = row0 + r < p.rows ? row0 + r : row0;  // past the end: repeat a valid row
+      src[r] = p.weights + row * p.row_bytes + k0 / U::kBlockElems * U::kBlockBytes;
+    }
+    // The weights do not depend on the previous kernel: fetch them before waiting for it.
+    const int parts = stage_rows(src, k_len / U::kBlockElems * U::kBlockBytes, part_bytes_of<T>(),
+                                 smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+    wait_for_previous_grid();
+    const XT* x = static_cast<const XT*>(p.x);
+    warp_dot_rows_all<T, XT>(
+        staged, k_len, parts, int(p.n), [&](int t) { return x + t * p.cols + k0; }, lane,
+        [&](int r, int t, float v) {
+          const int64_t row = row0 + r;
+          if (row >= p.rows) return;
+          if (p.k_splits == 1) p.y[t * p.rows + row] = v;
+          else p.partial[(int64_t(split) * p.n + t) * p.rows + row] = v;
+        },
+        [](int) {});
+  } else {
+    wait_for_previous_grid();
+  }
+  if (p.k_splits == 1) return;
+  // The last block of this row tile to finish adds the chunks' partial sums in chunk order.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[blockIdx.x], 1) == p.k_splits - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  const int64_t tile_row0 = int64_t(blockIdx.x) * kRowsPerBlock;
+  for (int i = threadIdx.x; i < kRowsPerBlock * p.n; i += blockDim.x) {
+    const int64_t row = tile_row0 + i % kRowsPerBlock, t = i / kRowsPerBlock;
+    if (row >= p.rows) continue;
+    float s = __ldcg(&p.partial[t * p.rows + row]);
+    for (int c = 1; c < p.k_splits; ++c) s = __fadd_rn(s, __ldcg(&p.partial[(int64_t(c) * p.n + t) * p.rows + row]));
+    p.y[t * p.rows + row] = s;
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+int64_t segment_bytes(DType type, int64_t k) { return row_bytes(type, k); }
+
+}  // namespace
+
+GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
+  const bool supported = dispatch_block_type(type, [](auto) {});
+  if (!supported)
+    throw_error("the CUDA GEMV has no kernel for " + std::string(dtype_name(type)) +
+                " weights (it decodes Q8_0, Q6_K, Q5_K, Q4_K, Q3_K, Q2_K)");
+  if (rows <= 0 || cols <= 0 || max_n <= 0 || !row_fits(type, cols))
+    throw_error("bad GEMV shape " + std::to_string(rows) + " x " + std::to_string(cols) + " for " +
+                std::string(dtype_name(type)) + " (cols must be a positive multiple of " +
+                std::to_string(dtype_block_elems(type)) + "), max_n " + std::to_string(max_n));
+  GemvPlan plan;
+  plan.type = type;
+  plan.rows = rows;
+  plan.cols = cols;
+  plan.max_n = max_n;
+  plan.row_tiles = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t block_elems = dtype_block_elems(type), k_blocks = cols / block_elems;
+  // Chunks: at least 512 weights (half a warp's lanes have a unit at the least), at most
+  // kMaxSegmentBytes, and as many as it takes to reach kTargetBlocks blocks.
+  const int64_t min_blocks = std::min<int64_t>(k_blocks, std::max<int64_t>(1, 512 / block_elems));
+  const int64_t max_blocks = std::max<int64_t>(min_blocks, kMaxSegmentBytes / dtype_traits(type).block_bytes);
+  const int64_t want_splits = std::max<int64_t>(1, (kTargetBlocks + plan.row_tiles - 1) / plan.row_tiles);
+  int64_t chunk_blocks = (k_blocks + want_splits - 1) / want_splits;
+  chunk_blocks = std::clamp(chunk_blocks, min_blocks, max_blocks);
+  plan.k_chunk = chunk_blocks * block_elems;
+  plan.k_splits = int32_t((cols + plan.k_chunk - 1) / plan.k_chunk);
+  plan.workspace_bytes = plan.k_splits == 1 ? 0
+                                            : int64_t(plan.k_splits) * max_n * rows * int64_t(sizeof(float)) +
+                                                  plan.row_tiles * int64_t(sizeof(int32_t));
+  return plan;
+}
+
+void init_gemv_workspace(const GemvPlan& plan, void* workspace, cudaStream_t stream) {
+  if (plan.workspace_bytes == 0) return;
+  const int64_t partial_bytes = int64_t(plan.k_splits) * plan.max_n * plan.rows * int64_t(sizeof(float));
+  check(cudaMemsetAsync(static_cast<uint8_t*>(workspace) + partial_bytes, 0,
+                        size_t(plan.row_tiles) * sizeof(int32_t), stream),
+        "clearing the GEMV workspace");
+}
+
+void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
+  if (args.n < 1 || args.n > plan.max_n)
+    throw_error("GEMV called with " + std::to_string(args.n) + " activation rows; its plan allows 1 to " +
+                std::to_string(plan.max_n));
+  if ((reinterpret_cast<uintptr_t>(args.weights) | reinterpret_cast<uintptr_t>(args.x)) & 15)
+    throw_error("GEMV weights and activations must be 16-byte aligned");
+  if (plan.k_splits > 1 && args.workspace == nullptr)
+    throw_error("this GEMV splits K and needs its workspace (plan.workspace_bytes)");
+  GemvParams p{};
+  p.weights = static_cast<const uint8_t*>(args.weights);
+  p.x = args.x;
+  p.y = args.y;
+  p.partial = static_cast<float*>(args.workspace);
+  p.counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(args.workspace) +
+                                          int64_t(plan.k_splits) * plan.max_n * plan.rows * int64_t(sizeof(float)));
+  p.rows = plan.rows;
+  p.cols = plan.cols;
+  p.row_bytes = row_bytes(plan.type, plan.cols);
+  p.k_chunk = plan.k_chunk;
+  p.n = args.n;
+  p.k_splits = plan.k_splits;
+  p.stride = staged_row_stride(int(segment_bytes(plan.type, plan.k_chunk)));
+  const size_t smem = size_t(kRowsPerBlock) * p.stride + 16;  // +16: word loads may touch past a row's end
+  const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.k_splits));
+  dispatch_block_type(plan.type, [&](auto type_constant) {
+    constexpr DType T = decltype(type_constant)::value;
+    const dim3 block(kWarps * 32);
+    check(args.x_bf16 ? launch_overlapped(gemv_kernel<T, __nv_bfloat16>, grid, block, smem, stream, p)
+                      : launch_overlapped(gemv_kernel<T, float>, grid, block, smem, stream, p),
+          "launching the GEMV kernel");
+  });
+}
+
+}  // namespace spill::cuda

@@ -1,0 +1,301 @@
+#include "backend/cuda/moe.h"
+
+#include <string>
+
+#include "backend/cuda/block_dot.cuh"
+#include "backend/cuda/cuda_check.h"
+
+namespace spill::cuda {
+namespace {
+
+constexpr int kGateUpWarps = 8;  // each warp: 2 gate rows and the same 2 up rows
+constexpr int kGateUpRows = kGateUpWarps * 2;
+constexpr int kDownWarps = 4;    // each warp: 4 rows of down
+constexpr int kDownRows = kDownWarps * kRowsPerWarp;
+constexpr int kMaxExperts = 4096;
+constexpr int kMaxPairs = 8192;
+
+struct MoeParams {
+  const ExpertWeights* table;
+  const float* x;
+  const int32_t* ids;
+  const float* weights;
+  float* out;
+  float* act;       // [pairs][width]: silu(gate x) * up x per (token, slot)
+  float* partial;   // [pairs][hidden]: weight * down(act) per (token, slot)
+  int32_t* counters;  // [hidden tiles]
+  int64_t hidden, width;
+  int32_t n_experts, top_k, pairs;
+  int32_t stride;   // staged row stride in shared memory
+};
+
+__device__ __forceinline__ int expert_key(int32_t id, int32_t n_experts) {
+  return id >= 0 && id < n_experts ? id : -1;  // all invalid ids form one group that contributes 0
+}
+
+// The grouping, on the device: this block's expert key (from ids[pair]), whether its pair is the
+// first routed to that expert, and the expert's pairs in ascending order. Warp 0 reads the ids
+// once, coalesced, and scans them with ballots. Returns the count of pairs in `list` (0 when this
+// block is not the first, and the caller returns); *key_out is the key.
+__device__ int gather_pairs(const MoeParams& p, int pair, int* list, int* shared_count, int* key_out) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    // Both first loads go out together: one memory round trip before the scan.
+    const int32_t own_id = p.ids[pair];
+    const int32_t first_id = lane < p.pairs ? p.ids[lane] : -1;
+    const int key = expert_key(own_id, p.n_experts);
+    int count = 0;
+    bool first = true;
+    for (int base = 0; base < p.pairs; base += 32) {
+      const int q = base + lane;
+      const int32_t id = base == 0 ? first_id : (q < p.pairs ? p.ids[q] : -1);
+      const bool match = q < p.pairs && expert_key(id, p.n_experts) == key;
+      const unsigned mask = __ballot_sync(0xffffffffu, match);
+      if (mask & (pair - base >= 32 ? 0xffffffffu : pair - base <= 0 ? 0u : (1u << (pair - base)) - 1u))
+        first = false;
+      if (match) list[count + __popc(mask & ((1u << lane) - 1u))] = q;
+      count += __popc(mask);
+    }
+    if (lane == 0) {
+      *shared_count = first ? count : 0;
+      *key_out = key;
+    }
+  }
+  __syncthreads();
+  return *shared_count;
+}
+
+__device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+
+template <DType T>
+__global__ void __launch_bounds__(kGateUpWarps * 32, 3) moe_gate_up_kernel(MoeParams p) {
+  using U = Unit<T>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float scratch[kGateUpWarps][kRowsPerWarp];
+  __shared__ int count, shared_key;
+  // The ids come from the router, the previous kernel: wait for it first. Then the down kernel
+  // may start its prologue (fetching its weights) as this grid's blocks retire.
+  wait_for_previous_grid();
+  allow_next_grid();
+  int* list = reinterpret_cast<int*>(smem + kGateUpWarps * kRowsPerWarp * p.stride + 16);
+  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  const int key = shared_key;
+  if (m == 0 || key < 0) return;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row0 = int64_t(blockIdx.x) * kGateUpRows + 2 * warp;
+  if (row0 >= p.width) return;
+  const ExpertWeights e = p.table[key];
+  const int64_t rb = p.hidden / U::kBlockElems * U::kBlockBytes;
+  const int64_t row1 = row0 + 1 < p.width ? row0 + 1 : row0;
+  const uint8_t* gate = static_cast<const uint8_t*>(e.gate);
+  const uint8_t* up = static_cast<const uint8_t*>(e.up);
+  const uint8_t* src[kRowsPerWarp] = {gate + row0 * rb, gate + row1 * rb, up + row0 * rb, up + row1 * rb};
+  const uint8_t* staged[kRowsPerWarp];
+  const int parts =
+      stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+  warp_dot_rows_all<T, float>(
+      staged, int(p.hidden), parts, m, [&](int i) { return p.x + int64_t(list[i] / p.top_k) * p.hidden; }, lane,
+      [&](int r, int, float v) { scratch[warp][r] = v; },
+      [&](int i) {
+        __syncwarp();
+        if (lane < 2 && row0 + lane < p.width)
+          p.act[int64_t(list[i]) * p.width + row0 + lane] = __fmul_rn(silu(scratch[warp][lane]), scratch[warp][2 + lane]);
+        __syncwarp();
+      });
+}
+
+template <DType T>
+__global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams p) {
+  using U = Unit<T>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int count, shared_key;
+  __shared__ unsigned seen[kMaxExperts / 32 + 1];  // bit per expert, last word's top bit: invalid ids
+  __shared__ bool last_block;
+  // The ids were written before the gate/up kernel started (it waited for them), so they can be
+  // read now; the weights too. Only the activations need the gate/up kernel finished.
+  allow_next_grid();
+  int* list = reinterpret_cast<int*>(smem + kDownWarps * kRowsPerWarp * p.stride + 16);
+  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  const int key = shared_key;
+  if (m == 0) return;
+
+  // How many blocks take part in this tile: one per distinct key among the pairs.
+  const int words = (p.n_experts + 31) / 32 + 1;
+  for (int i = threadIdx.x; i < words; i += blockDim.x) seen[i] = 0;
+  __syncthreads();
+  for (int q = threadIdx.x; q < p.pairs; q += blockDim.x) {
+    const int k = expert_key(p.ids[q], p.n_experts);
+    if (k < 0) atomicOr(&seen[words - 1], 1u);
+    else atomicOr(&seen[k / 32], 1u << (k % 32));
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t tile_row0 = int64_t(blockIdx.x) * kDownRows;
+  const int64_t row0 = tile_row0 + warp * kRowsPerWarp;
+  if (key < 0) {
+    // Pairs with no valid expert contribute zero rows.
+    wait_for_previous_grid();
+    for (int i = threadIdx.x; i < m * kDownRows; i += blockDim.x) {
+      const int64_t row = tile_row0 + i % kDownRows;
+      if (row < p.hidden) p.partial[int64_t(list[i / kDownRows]) * p.hidden + row] = 0.0f;
+    }
+  } else if (row0 < p.hidden) {
+    const ExpertWeights e = p.table[key];
+    const int64_t rb = p.width / U::kBlockElems * U::kBlockBytes;
+    const uint8_t* down = static_cast<const uint8_t*>(e.down);
+    const uint8_t* src[kRowsPerWarp];
+    const uint8_t* staged[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) src[r] = down + (row0 + r < p.hidden ? row0 + r : row0) * rb;
+    const int parts =
+        stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+    wait_for_previous_grid();
+    warp_dot_rows_all<T, float>(
+        staged, int(p.width), parts, m, [&](int i) { return p.act + int64_t(list[i]) * p.width; }, lane,
+        [&](int r, int i, float v) {
+          const int64_t row = row0 + r;
+          if (row < p.hidden) p.partial[int64_t(list[i]) * p.hidden + row] = __fmul_rn(p.weights[list[i]], v);
+        },
+        [](int) {});
+  } else {
+    wait_for_previous_grid();
+  }
+
+  // The last of this tile's blocks adds each token's partial rows in slot order.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int participants = 0;
+    for (int i = 0; i < words; ++i) participants += __popc(seen[i]);
+    last_block = atomicAdd(&p.counters[blockIdx.x], 1) == participants - 1;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  const int n = p.pairs / p.top_k;
+  for (int i = threadIdx.x; i < n * kDownRows; i += blockDim.x) {
+    const int64_t row = tile_row0 + i % kDownRows, t = i / kDownRows;
+    if (row >= p.hidden) continue;
+    const float* part = p.partial + t * p.top_k * p.hidden + row;
+    float s = __ldcg(part);
+    for (int j = 1; j < p.top_k; ++j) s = __fadd_rn(s, __ldcg(part + int64_t(j) * p.hidden));
+    p.out[t * p.hidden + row] = s;
+  }
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+bool decodable(DType t) { return dispatch_block_type(t, [](auto) {}); }
+
+int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
+
+struct WorkspaceLayout {
+  int64_t act = 0, partial = 0, counters = 0, bytes = 0;
+};
+WorkspaceLayout workspace_layout(const MoePlan& plan) {
+  const int64_t pairs = plan.max_tokens * plan.shape.top_k;
+  WorkspaceLayout w;
+  w.act = 0;
+  w.partial = align16(pairs * plan.shape.width * 4);
+  w.counters = w.partial + align16(pairs * plan.shape.hidden * 4);
+  w.bytes = w.counters + align16((plan.shape.hidden + kDownRows - 1) / kDownRows * 4);
+  return w;
+}
+
+}  // namespace
+
+ExpertSpanLayout expert_span_layout(const MoeShape& s) {
+  ExpertSpanLayout l;
+  const int64_t gate_bytes = s.width * row_bytes(s.gate_up_type, s.hidden);
+  l.gate_offset = 0;
+  l.up_offset = align16(gate_bytes);
+  l.down_offset = l.up_offset + align16(gate_bytes);
+  l.bytes = l.down_offset + align16(s.hidden * row_bytes(s.down_type, s.width));
+  return l;
+}
+
+MoePlan plan_moe(const MoeShape& s, int64_t max_tokens) {
+  auto shape_text = [&] {
+    return "hidden " + std::to_string(s.hidden) + ", width " + std::to_string(s.width) + ", " +
+           std::to_string(s.n_experts) + " experts, top-" + std::to_string(s.top_k) + ", gate/up " +
+           std::string(dtype_name(s.gate_up_type)) + ", down " + std::string(dtype_name(s.down_type));
+  };
+  if (!decodable(s.gate_up_type) || !decodable(s.down_type))
+    throw_error("the CUDA MoE kernels have no decoder for the expert weights' type (" + shape_text() +
+                "); they decode Q8_0, Q6_K, Q5_K, Q4_K, Q3_K, Q2_K");
+  if (s.hidden <= 0 || s.width <= 0 || !row_fits(s.gate_up_type, s.hidden) || !row_fits(s.down_type, s.width))
+    throw_error("bad MoE shape (" + shape_text() + "): gate/up rows of hidden and down rows of width weights must be whole blocks");
+  if (s.n_experts < 1 || s.n_experts > kMaxExperts || s.top_k < 1 || s.top_k > s.n_experts)
+    throw_error("bad MoE routing shape (" + shape_text() + "): need 1 <= top_k <= n_experts <= " +
+                std::to_string(kMaxExperts));
+  if (max_tokens < 1 || max_tokens * s.top_k > kMaxPairs)
+    throw_error("the CUDA MoE decode kernels take at most " + std::to_string(kMaxPairs) +
+                " (token, expert) pairs per call; asked for " + std::to_string(max_tokens) + " tokens x top-" +
+                std::to_string(s.top_k));
+  MoePlan plan;
+  plan.shape = s;
+  plan.max_tokens = max_tokens;
+  plan.workspace_bytes = workspace_layout(plan).bytes;
+  return plan;
+}
+
+void init_moe_workspace(const MoePlan& plan, void* workspace, cudaStream_t stream) {
+  const WorkspaceLayout w = workspace_layout(plan);
+  check(cudaMemsetAsync(static_cast<uint8_t*>(workspace) + w.counters, 0, size_t(w.bytes - w.counters), stream),
+        "clearing the MoE workspace");
+}
+
+void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
+  const MoeShape& s = plan.shape;
+  if (a.n < 1 || a.n > plan.max_tokens)
+    throw_error("MoE called with " + std::to_string(a.n) + " tokens; its plan allows 1 to " +
+                std::to_string(plan.max_tokens));
+  if (reinterpret_cast<uintptr_t>(a.x) & 15) throw_error("MoE activations must be 16-byte aligned");
+  const WorkspaceLayout w = workspace_layout(plan);
+  uint8_t* ws = static_cast<uint8_t*>(a.workspace);
+  MoeParams p{};
+  p.table = a.table;
+  p.x = a.x;
+  p.ids = a.ids;
+  p.weights = a.weights;
+  p.out = a.out;
+  p.act = reinterpret_cast<float*>(ws + w.act);
+  p.partial = reinterpret_cast<float*>(ws + w.partial);
+  p.counters = reinterpret_cast<int32_t*>(ws + w.counters);
+  p.hidden = s.hidden;
+  p.width = s.width;
+  p.n_experts = s.n_experts;
+  p.top_k = s.top_k;
+  p.pairs = int32_t(a.n * s.top_k);
+  const size_t list_bytes = size_t(p.pairs) * sizeof(int);
+
+  dispatch_block_type(s.gate_up_type, [&](auto type_constant) {
+    constexpr DType T = decltype(type_constant)::value;
+    MoeParams q = p;
+    q.stride = staged_row_stride(int(row_bytes(T, s.hidden)));
+    const size_t smem = size_t(kGateUpWarps) * kRowsPerWarp * q.stride + 16 + list_bytes;
+    const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), unsigned(p.pairs));
+    {
+      check(cudaFuncSetAttribute(moe_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "raising the MoE gate/up kernel's shared memory limit");
+      check(launch_overlapped(moe_gate_up_kernel<T>, grid, dim3(kGateUpWarps * 32), smem, stream, q),
+            "launching the MoE gate/up kernel");
+    }
+  });
+  dispatch_block_type(s.down_type, [&](auto type_constant) {
+    constexpr DType T = decltype(type_constant)::value;
+    MoeParams q = p;
+    q.stride = staged_row_stride(int(row_bytes(T, s.width)));
+    const size_t smem = size_t(kDownWarps) * kRowsPerWarp * q.stride + 16 + list_bytes;
+    const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), unsigned(p.pairs));
+    {
+      check(cudaFuncSetAttribute(moe_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "raising the MoE down kernel's shared memory limit");
+      check(launch_overlapped(moe_down_kernel<T>, grid, dim3(kDownWarps * 32), smem, stream, q),
+            "launching the MoE down kernel");
+    }
+  });
+}
+
+}  // namespace spill::cuda

@@ -1,0 +1,83 @@
+// The routed-expert path of a MoE layer for a decode step, on the GPU:
+//   out[t] = sum over slots j < top_k, in slot order, of weight[t, j] * E_ids[t, j](x[t]),
+//   E(x) = down(silu(gate x) * (up x)),
+// with gate/up/down in ggml block formats, reached through a per-expert pointer table that lives
+// in device memory. Two launches, no host synchronisation:
+//   1. gate_up: one block per (16 rows of the expert width, expert). Blocks are launched per
+//      (token, slot) pair; the block of the first pair routed to an expert gathers that expert's
+//      tokens from the ids (on the device) and does the work, the others return at once. So an
+//      expert's bytes are read once per step however many tokens route to it, and experts with no
+//      tokens cost nothing. Gate and up rows are dotted together and SiLU(gate) * up written per
+//      (token, slot) pair.
+//   2. down: the same grouping over 16-row tiles of the hidden size; each pair's row times its
+//      routing weight goes to a per-pair partial row; the last block to finish a tile adds the
+//      partial rows of each token in slot order.
+// Every pair's arithmetic is the same whatever else is in the batch (block_dot.cuh), and the slot
+// sum has a fixed order, so a token's output is bit-identical alone or in any batch. The table is
+// read inside the kernels: it may change between steps, point at VRAM or at device-mapped pinned
+// host memory, and no expert address is part of a launch (or of a captured graph).
+//
+// CPU twin: cpu::moe_experts_blocks (src/backend/cpu/moe_blocks.h).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace spill::cuda {
+
+// One expert's three matrices: gate and up [width, hidden], down [hidden, width], each rows of
+// ggml blocks; 16-byte aligned device-visible addresses (VRAM, or mapped pinned host memory).
+// They may lie in one span (see expert_span_layout) or anywhere.
+struct ExpertWeights {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  const void* down = nullptr;
+};
+
+struct MoeShape {
+  int64_t hidden = 0;  // H: rows of down, columns of gate and up
+  int64_t width = 0;   // I: the expert's intermediate size
+  int32_t n_experts = 0;
+  int32_t top_k = 0;
+  DType gate_up_type = DType::Q4_K;
+  DType down_type = DType::Q4_K;
+};
+
+// Where gate, up and down sit in one expert's span of bytes, each 16-byte aligned.
+struct ExpertSpanLayout {
+  int64_t gate_offset = 0, up_offset = 0, down_offset = 0, bytes = 0;
+};
+ExpertSpanLayout expert_span_layout(const MoeShape& shape);
+
+struct MoePlan {
+  MoeShape shape;
+  int64_t max_tokens = 0;
+  int64_t workspace_bytes = 0;
+};
+
+// Checks the shape (block formats the kernels decode, widths whole blocks) and sizes the workspace
+// for up to max_tokens tokens per call.
+MoePlan plan_moe(const MoeShape& shape, int64_t max_tokens);
+
+// Zeroes the workspace's tile counters (once after allocation; the kernels leave them zero).
+void init_moe_workspace(const MoePlan& plan, void* workspace, cudaStream_t stream);
+
+struct MoeArgs {
+  const ExpertWeights* table = nullptr;  // device memory, [n_experts]
+  const float* x = nullptr;              // [n, hidden]
+  int64_t n = 0;                         // tokens, 1 .. plan.max_tokens
+  const int32_t* ids = nullptr;          // [n, top_k] device; an id outside [0, n_experts) contributes 0
+  const float* weights = nullptr;        // [n, top_k] device routing weights
+  float* out = nullptr;                  // [n, hidden], overwritten
+  void* workspace = nullptr;             // plan.workspace_bytes, prepared by init_moe_workspace
+};
+
+// Enqueues the two kernels on `stream`.
+void moe_experts(const MoePlan& plan, const MoeArgs& args, cudaStream_t stream);
+
+// Kernels moe_experts launches per call (for benchmarks' launch counts).
+constexpr int kMoeLaunchesPerCall = 2;
+
+}  // namespace spill::cuda

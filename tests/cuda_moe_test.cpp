@@ -1,0 +1,336 @@
+// The CUDA MoE expert path (backend/cuda/moe.h) against its CPU twin cpu::moe_experts_blocks, over
+// awkward batches and routings; batch invariance; the expert table pointing at mapped pinned host
+// memory; the table changing under a captured graph.
+//
+// Bound per output, from the arithmetic (all f32, rounding chains as in cuda_test_util.h):
+//   gate/up: |dg| <= G_gu * sum |x| (|w| + |ml|)            (likewise du)
+//   act h = silu(g) u: |dh| <= 1.1 (|dg| + e|g|) (|u| + |du|) + (|silu g| + 1.1 |dg|)(|du| + e|u|) + 8e|h|
+//            (|silu'| <= 1.1; expf, the division and the product each a few ulp; e = 2^-24)
+//   down: |dy| <= sum |wd| |dh| + G_d * sum (|wd| + |ml|)(|h| + |dh|) + e|y|
+//   out: sum over slots of |weight| (|dy| + 2e|y|) + top_k e sum |weight y|
+// where the twin rounds each stage to f32 too (its own e terms are inside the above).
+#include <gtest/gtest.h>
+
+#if SPILL_HAVE_CUDA
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/moe_blocks.h"
+#include "backend/cuda/moe.h"
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "quant/random_blocks.h"
+
+namespace spill {
+namespace {
+
+using test::DeviceBuffer;
+
+struct MoeCase {
+  int64_t hidden, width;
+  int32_t n_experts, top_k;
+  DType gate_up, down;
+};
+
+cuda::MoeShape moe_shape(const MoeCase& c) {
+  return {.hidden = c.hidden, .width = c.width, .n_experts = c.n_experts, .top_k = c.top_k,
+          .gate_up_type = c.gate_up, .down_type = c.down};
+}
+
+// Random experts, one span each, laid out as expert_span_layout says.
+struct Experts {
+  cuda::ExpertSpanLayout layout;
+  std::vector<uint8_t> bytes;  // n_experts spans
+  std::vector<cpu::BlockExpert> host;
+  Experts(const MoeCase& c, uint64_t seed) {
+    layout = cuda::expert_span_layout(moe_shape(c));
+    bytes.assign(size_t(layout.bytes * c.n_experts), 0);
+    const int64_t gate_blocks = c.width * row_bytes(c.gate_up, c.hidden) / dtype_traits(c.gate_up).block_bytes;
+    const int64_t down_blocks = c.hidden * row_bytes(c.down, c.width) / dtype_traits(c.down).block_bytes;
+    for (int32_t e = 0; e < c.n_experts; ++e) {
+      uint8_t* span = bytes.data() + e * layout.bytes;
+      quant::fill_random_blocks(c.gate_up, span + layout.gate_offset, gate_blocks, seed * 1000 + 3 * e);
+      quant::fill_random_blocks(c.gate_up, span + layout.up_offset, gate_blocks, seed * 1000 + 3 * e + 1);
+      quant::fill_random_blocks(c.down, span + layout.down_offset, down_blocks, seed * 1000 + 3 * e + 2);
+      host.push_back({span + layout.gate_offset, span + layout.up_offset, span + layout.down_offset});
+    }
+  }
+  // The device table for the spans copied to `base` (a device-visible address).
+  std::vector<cuda::ExpertWeights> table(const uint8_t* base) const {
+    std::vector<cuda::ExpertWeights> t;
+    for (size_t e = 0; e < host.size(); ++e) {
+      const uint8_t* span = base + int64_t(e) * layout.bytes;
+      t.push_back({span + layout.gate_offset, span + layout.up_offset, span + layout.down_offset});
+    }
+    return t;
+  }
+};
+
+struct Routing {
+  std::vector<float> x;        // [n, hidden]
+  std::vector<int32_t> ids;    // [n, k]
+  std::vector<float> weights;  // [n, k]
+};
+
+// Distinct random experts per token from the first `pool` experts (pool < n_experts leaves the
+// others without tokens), softmax-like positive weights summing to 1.
+Routing random_routing(const MoeCase& c, int64_t n, int32_t pool, uint64_t seed) {
+  std::mt19937 rng{uint32_t(seed)};
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Routing r;
+  r.x.resize(size_t(n * c.hidden));
+  for (float& v : r.x) v = dist(rng);
+  std::vector<int32_t> order(static_cast<size_t>(pool));
+  for (int64_t t = 0; t < n; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    float sum = 0;
+    for (int32_t j = 0; j < c.top_k; ++j) {
+      r.ids.push_back(order[size_t(j)]);
+      r.weights.push_back(0.1f + std::fabs(dist(rng)));
+      sum += r.weights.back();
+    }
+    for (int32_t j = 0; j < c.top_k; ++j) r.weights[size_t(t * c.top_k + j)] /= sum;
+  }
+  return r;
+}
+
+// Runs the CUDA path with the experts' spans at `span_base` (device-visible, already filled).
+std::vector<float> run_cuda(const MoeCase& c, const Experts& ex, const uint8_t* span_base, const Routing& r,
+                            int64_t n, int64_t max_tokens) {
+  const cuda::MoePlan plan = cuda::plan_moe(moe_shape(c), max_tokens);
+  const auto table = ex.table(span_base);
+  DeviceBuffer dtable(table.size() * sizeof(cuda::ExpertWeights)), dx(r.x.size() * 4), dids(r.ids.size() * 4),
+      dw(r.weights.size() * 4), dout(size_t(n * c.hidden) * 4), ws(size_t(plan.workspace_bytes));
+  dtable.upload(table.data(), dtable.bytes);
+  dx.upload(r.x.data(), dx.bytes);
+  dids.upload(r.ids.data(), dids.bytes);
+  dw.upload(r.weights.data(), dw.bytes);
+  dout.poison();
+  cuda::init_moe_workspace(plan, ws.ptr, nullptr);
+  cuda::moe_experts(plan,
+                    {.table = dtable.as<cuda::ExpertWeights>(), .x = dx.as<float>(), .n = n, .ids = dids.as<int32_t>(),
+                     .weights = dw.as<float>(), .out = dout.as<float>(), .workspace = ws.ptr},
+                    nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return test::download<float>(dout.ptr, size_t(n * c.hidden));
+}
+
+// The error bound above, per output, in float64 from the dequantized weights.
+std::vector<double> error_bound(const MoeCase& c, const Experts& ex, const Routing& r, int64_t n) {
+  const double e = std::ldexp(1.0, -24);
+  const double g_gu = test::dot_error_gamma(c.hidden, 0), g_d = test::dot_error_gamma(c.width, 0);
+  std::vector<double> bound(size_t(n * c.hidden), 0.0), y_abs_sum(size_t(n * c.hidden), 0.0);
+  std::vector<float> w(size_t(std::max(c.hidden, c.width))), off(w.size());
+  std::vector<double> h(size_t(c.width)), dh(size_t(c.width));
+  for (int64_t t = 0; t < n; ++t)
+    for (int32_t j = 0; j < c.top_k; ++j) {
+      const int32_t id = r.ids[size_t(t * c.top_k + j)];
+      if (id < 0 || id >= c.n_experts) continue;
+      const double weight = r.weights[size_t(t * c.top_k + j)];
+      const float* x = r.x.data() + t * c.hidden;
+      const auto& exp = ex.host[size_t(id)];
+      const int64_t rb_gu = row_bytes(c.gate_up, c.hidden), rb_d = row_bytes(c.down, c.width);
+      for (int64_t i = 0; i < c.width; ++i) {
+        double gv[2], gm[2];
+        for (int m = 0; m < 2; ++m) {
+          const uint8_t* row = static_cast<const uint8_t*>(m ? exp.up : exp.gate) + i * rb_gu;
+          quant::dequantize_row(c.gate_up, row, w.data(), c.hidden);
+          test::offset_magnitudes(c.gate_up, row, c.hidden, off.data());
+          double v = 0, mag = 0;
+          for (int64_t q = 0; q < c.hidden; ++q) {
+            v += double(w[size_t(q)]) * x[q];
+            mag += std::fabs(double(x[q])) * (std::fabs(double(w[size_t(q)])) + off[size_t(q)]);
+          }
+          gv[m] = v;
+          gm[m] = g_gu * mag;
+        }
+        const double g = gv[0], u = gv[1], dg = gm[0], du = gm[1];
+        const double silu = g / (1.0 + std::exp(-g));
+        h[size_t(i)] = silu * u;
+        dh[size_t(i)] = 1.1 * (dg + e * std::fabs(g)) * (std::fabs(u) + du) +
+                        (std::fabs(silu) + 1.1 * dg) * (du + e * std::fabs(u)) + 8 * e * std::fabs(h[size_t(i)]);
+      }
+      for (int64_t row_i = 0; row_i < c.hidden; ++row_i) {
+        const uint8_t* row = static_cast<const uint8_t*>(exp.down) + row_i * rb_d;
+        quant::dequantize_row(c.down, row, w.data(), c.width);
+        test::offset_magnitudes(c.down, row, c.width, off.data());
+        double y = 0, dy = 0, mag = 0;
+        for (int64_t q = 0; q < c.width; ++q) {
+          y += double(w[size_t(q)]) * h[size_t(q)];
+          dy += std::fabs(double(w[size_t(q)])) * dh[size_t(q)];
+          mag += (std::fabs(double(w[size_t(q)])) + off[size_t(q)]) * (std::fabs(h[size_t(q)]) + dh[size_t(q)]);
+        }
+        dy += g_d * mag + e * std::fabs(y);
+        bound[size_t(t * c.hidden + row_i)] += std::fabs(weight) * (dy + 2 * e * std::fabs(y));
+        y_abs_sum[size_t(t * c.hidden + row_i)] += std::fabs(weight * y);
+      }
+    }
+  for (size_t i = 0; i < bound.size(); ++i) bound[i] += c.top_k * e * y_abs_sum[i];
+  return bound;
+}
+
+void expect_matches_twin(const MoeCase& c, int64_t n, int32_t pool, uint64_t seed) {
+  const Experts ex(c, seed);
+  const Routing r = random_routing(c, n, pool, seed + 7);
+  DeviceBuffer spans(ex.bytes.size());
+  spans.upload(ex.bytes.data(), ex.bytes.size());
+  const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, n, n);
+  std::vector<float> want(size_t(n * c.hidden));
+  cpu::moe_experts_blocks({.hidden = c.hidden, .width = c.width, .top_k = c.top_k, .gate_up_type = c.gate_up,
+                           .down_type = c.down},
+                          ex.host, r.x.data(), n, r.ids.data(), r.weights.data(), want.data());
+  const auto bound = error_bound(c, ex, r, n);
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(std::fabs(double(got[i]) - want[i]) <= bound[i]) && bad++ < 5)
+      ADD_FAILURE() << dtype_name(c.gate_up) << "/" << dtype_name(c.down) << " H" << c.hidden << " I" << c.width
+                    << " E" << c.n_experts << " k" << c.top_k << " n=" << n << " token " << i / size_t(c.hidden)
+                    << " row " << i % size_t(c.hidden) << ": got " << got[i] << ", twin " << want[i] << ", bound "
+                    << bound[i];
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CudaMoe, MatchesCpuTwinOverBatchesAndFormats) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // Batches 1, 3, 8, 17 and 64; Q4_K with a Q6_K down (as Q4_K_M files mix them); routing over a
+  // pool smaller than the experts, so some get no tokens.
+  const MoeCase q4{512, 256, 16, 4, DType::Q4_K, DType::Q6_K};
+  uint64_t seed = 11;
+  for (int64_t n : {1, 3, 8, 17, 64}) expect_matches_twin(q4, n, 12, seed++);
+  for (DType t : {DType::Q3_K, DType::Q2_K, DType::Q5_K, DType::Q6_K})
+    expect_matches_twin({768, 512, 8, 3, t, t}, 5, 8, seed++);
+}
+
+TEST(CudaMoe, TopKEqualToExpertCountAndSmallQ8Widths) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // Every token routes to every expert; hidden 160 and width 96 are not powers of two.
+  expect_matches_twin({160, 96, 5, 5, DType::Q8_0, DType::Q8_0}, 3, 5, 21);
+  expect_matches_twin({160, 96, 5, 5, DType::Q8_0, DType::Q8_0}, 17, 5, 22);
+}
+
+TEST(CudaMoe, ManyTokensOnFewExperts) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // 17 tokens all on the same 2 of 32 experts (17 tokens per expert), 30 experts idle.
+  expect_matches_twin({256, 256, 32, 2, DType::Q4_K, DType::Q4_K}, 17, 2, 31);
+}
+
+TEST(CudaMoe, OutOfRangeIdsContributeNothing) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const MoeCase c{256, 256, 4, 2, DType::Q4_K, DType::Q4_K};
+  const Experts ex(c, 41);
+  Routing r = random_routing(c, 3, 4, 42);
+  r.ids[1] = -1;
+  r.ids[4] = 4;  // == n_experts
+  DeviceBuffer spans(ex.bytes.size());
+  spans.upload(ex.bytes.data(), ex.bytes.size());
+  const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, 3, 3);
+  std::vector<float> want(size_t(3 * c.hidden));
+  cpu::moe_experts_blocks({.hidden = c.hidden, .width = c.width, .top_k = c.top_k, .gate_up_type = c.gate_up,
+                           .down_type = c.down},
+                          ex.host, r.x.data(), 3, r.ids.data(), r.weights.data(), want.data());
+  const auto bound = error_bound(c, ex, r, 3);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << i;
+}
+
+TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchOfEight) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const MoeCase c{1024, 512, 16, 4, DType::Q4_K, DType::Q4_K};
+  const Experts ex(c, 51);
+  // Few experts, so the token shares them with others of the batch.
+  const Routing batch = random_routing(c, 8, 6, 52);
+  DeviceBuffer spans(ex.bytes.size());
+  spans.upload(ex.bytes.data(), ex.bytes.size());
+  const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, 8, 8);
+  for (int64_t t : {0, 5, 7}) {
+    Routing one;
+    one.x.assign(batch.x.begin() + t * c.hidden, batch.x.begin() + (t + 1) * c.hidden);
+    one.ids.assign(batch.ids.begin() + t * c.top_k, batch.ids.begin() + (t + 1) * c.top_k);
+    one.weights.assign(batch.weights.begin() + t * c.top_k, batch.weights.begin() + (t + 1) * c.top_k);
+    const auto alone = run_cuda(c, ex, spans.as<uint8_t>(), one, 1, 8);
+    ASSERT_EQ(std::memcmp(alone.data(), all.data() + t * c.hidden, size_t(c.hidden) * 4), 0) << "token " << t;
+  }
+}
+
+TEST(CudaMoe, MappedPinnedHostExpertsGiveBitIdenticalOutput) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const MoeCase c{768, 256, 8, 3, DType::Q3_K, DType::Q3_K};
+  const Experts ex(c, 61);
+  const Routing r = random_routing(c, 4, 8, 62);
+  DeviceBuffer spans(ex.bytes.size());
+  spans.upload(ex.bytes.data(), ex.bytes.size());
+  const auto vram = run_cuda(c, ex, spans.as<uint8_t>(), r, 4, 4);
+  void* host = nullptr;
+  CUDA_OK(cudaHostAlloc(&host, ex.bytes.size(), cudaHostAllocMapped));
+  std::memcpy(host, ex.bytes.data(), ex.bytes.size());
+  void* mapped = nullptr;
+  CUDA_OK(cudaHostGetDevicePointer(&mapped, host, 0));
+  const auto pinned = run_cuda(c, ex, static_cast<const uint8_t*>(mapped), r, 4, 4);
+  cudaFreeHost(host);
+  ASSERT_EQ(std::memcmp(vram.data(), pinned.data(), vram.size() * 4), 0);
+}
+
+TEST(CudaMoe, CapturedGraphFollowsTheTableWhenItChanges) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const MoeCase c{256, 256, 4, 2, DType::Q4_K, DType::Q4_K};
+  const Experts ex(c, 71);
+  const Routing r = random_routing(c, 2, 4, 72);
+  DeviceBuffer spans(ex.bytes.size());
+  spans.upload(ex.bytes.data(), ex.bytes.size());
+  const cuda::MoePlan plan = cuda::plan_moe(moe_shape(c), 2);
+  auto table = ex.table(spans.as<uint8_t>());
+  DeviceBuffer dtable(table.size() * sizeof(cuda::ExpertWeights)), dx(r.x.size() * 4), dids(r.ids.size() * 4),
+      dw(r.weights.size() * 4), dout(size_t(2 * c.hidden) * 4), ws(size_t(plan.workspace_bytes));
+  dtable.upload(table.data(), dtable.bytes);
+  dx.upload(r.x.data(), dx.bytes);
+  dids.upload(r.ids.data(), dids.bytes);
+  dw.upload(r.weights.data(), dw.bytes);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  cuda::init_moe_workspace(plan, ws.ptr, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cuda::moe_experts(plan,
+                    {.table = dtable.as<cuda::ExpertWeights>(), .x = dx.as<float>(), .n = 2, .ids = dids.as<int32_t>(),
+                     .weights = dw.as<float>(), .out = dout.as<float>(), .workspace = ws.ptr},
+                    stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  // Swap two experts' table entries (as an expert cache would move one): the replay must follow.
+  std::swap(table[0], table[1]);
+  dtable.upload(table.data(), dtable.bytes);
+  dout.poison();
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const auto got = test::download<float>(dout.ptr, size_t(2 * c.hidden));
+  std::vector<cpu::BlockExpert> swapped = ex.host;
+  std::swap(swapped[0], swapped[1]);
+  std::vector<float> want(got.size());
+  cpu::moe_experts_blocks({.hidden = c.hidden, .width = c.width, .top_k = c.top_k, .gate_up_type = c.gate_up,
+                           .down_type = c.down},
+                          swapped, r.x.data(), 2, r.ids.data(), r.weights.data(), want.data());
+  Experts swapped_ex = ex;
+  swapped_ex.host = swapped;
+  const auto bound = error_bound(c, swapped_ex, r, 2);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << i;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaMoe, RefusesBadShapesClearly) {
+  EXPECT_THROW(cuda::plan_moe({.hidden = 100, .width = 256, .n_experts = 8, .top_k = 2}, 1), Error);
+  EXPECT_THROW(cuda::plan_moe({.hidden = 256, .width = 256, .n_experts = 8, .top_k = 9}, 1), Error);
+  EXPECT_THROW(cuda::plan_moe({.hidden = 256, .width = 256, .n_experts = 8, .top_k = 2,
+                               .gate_up_type = DType::MXFP4, .down_type = DType::Q4_K}, 1), Error);
+}
+
+}  // namespace
+}  // namespace spill
+#else
+TEST(CudaMoe, SkippedWithoutCuda) { GTEST_SKIP() << "spill was built without CUDA"; }
+#endif
