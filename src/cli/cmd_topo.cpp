@@ -53,7 +53,9 @@ void run_topo(const TopoArgs& a) {
     for (placement::GpuTopology& t : topo.gpus)
       if (!bus.empty() && t.pci_bus_id == bus) g = &t;
     if (!g) {
-      topo.gpus.push_back({.pci_bus_id = bus.empty() ? "cuda:" + std::to_string(d) : bus});
+      placement::GpuTopology seen;  // visible to CUDA but not on hwloc's PCI tree (containers)
+      seen.pci_bus_id = bus.empty() ? "cuda:" + std::to_string(d) : bus;
+      topo.gpus.push_back(seen);
       g = &topo.gpus.back();
     }
     g->cuda_device = d;

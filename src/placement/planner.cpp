@@ -257,7 +257,7 @@ PlanOutcome make_plan(PlanRequest req) {
       for (const GpuPlan& g : out.no_offload) over = std::max(over, -g.room());
       msg = fmt::format(
           "the model does not fit in VRAM without offload: the fullest GPU needs {} more than its {} ({} needed). Allow "
-          "offload (drop --no-offload) to put the least-used routed experts in host RAM",
+          "offload (drop --no-offload) to put the least-used routed experts in host RAM.",
           gib_str(over), gib_str(out.no_offload[0].budget), gib_str(out.no_offload[0].vram_total()));
     } else {
       msg = fmt::format(
@@ -293,7 +293,23 @@ PlanOutcome make_plan(PlanRequest req) {
         gib_str(workspace_bytes(req.shape, {.max_batch_tokens = 512, .max_logit_rows = std::max<int64_t>(1, req.max_seqs)}))));
     if (dtype_bits_per_weight(req.types[TensorClass::Attention]) > 8.5)
       fixes.push_back("a smaller attention type (--quant attention=q8_0 halves bf16 attention)");
-    if (!req.allow_offload) fixes.insert(fixes.begin(), "allow offload");
+    if (!req.allow_offload) {
+      // Smaller routed experts: what the fullest GPU would need with each smaller k-quant.
+      for (DType smaller : {DType::Q4_K, DType::Q3_K, DType::Q2_K}) {
+        if (dtype_bits_per_weight(smaller) >= dtype_bits_per_weight(req.types[TensorClass::RoutedExperts])) continue;
+        PlanRequest r2 = req;
+        r2.types[TensorClass::RoutedExperts] = smaller;
+        r2.profile.reset();
+        r2.allow_offload = true;  // only its no-offload figures are wanted; no nested suggestions
+        const PlanOutcome o2 = make_plan(r2);
+        int64_t need = 0;
+        for (const GpuPlan& g : o2.no_offload) need = std::max(need, g.vram_total() - g.budget);
+        fixes.push_back(fmt::format("--quant experts={} ({} {} the budget on the fullest GPU)", dtype_name(smaller),
+                                    gib_str(std::abs(need)), need > 0 ? "still over" : "within"));
+        if (need <= 0) break;
+      }
+      fixes.insert(fixes.begin(), "allow offload");
+    }
     fixes.push_back("more or larger GPUs");
     msg += " To fit, change one of: " + fmt::format("{}", fmt::join(fixes, "; ")) + ".";
     return refuse(msg);

@@ -234,6 +234,12 @@ void check_topology(Topology& t, const std::vector<int64_t>& host_bytes_per_gpu)
         t.warnings.push_back(fmt::format("NUMA node {} has {:.1f} GiB free but its GPUs' host share is {:.1f} GiB", node,
                                          double(n.free_bytes) / double(int64_t(1) << 30), double(bytes) / double(int64_t(1) << 30)));
   }
+  int64_t total_share = 0, total_free = 0;
+  for (int64_t b : host_bytes_per_gpu) total_share += b;
+  for (const NumaNode& n : t.nodes) total_free += std::max<int64_t>(0, n.free_bytes);
+  if (total_share > 0 && !t.nodes.empty() && total_free < total_share)
+    t.warnings.push_back(fmt::format("the plan's host share is {:.1f} GiB but the NUMA nodes have {:.1f} GiB free in all",
+                                     double(total_share) / double(int64_t(1) << 30), double(total_free) / double(int64_t(1) << 30)));
   if (host_bytes_per_gpu.size() > t.gpus.size())
     t.warnings.push_back(fmt::format("the plan names {} GPUs but {} are visible", host_bytes_per_gpu.size(), t.gpus.size()));
 }
