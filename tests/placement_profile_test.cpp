@@ -175,3 +175,29 @@ TEST(PlacementProfile, SpillTinyCountsEqualRoutedTokensTimesTopK) {
 
 }  // namespace
 }  // namespace spill::placement
+
+namespace spill::placement {
+namespace {
+
+TEST(PlacementProfile, FileWriterWritesAtOnceWhenChangedAndAtTheEnd) {
+  const ModelSpec spec = small_spec();
+  const std::string path = (fs::temp_directory_path() / ("spill_profile_writer_" + std::to_string(::getpid()) + ".json")).string();
+  RoutingRecorder rec(spec);
+  {
+    ProfileFileWriter writer(rec, path, 3600);  // the periodic write never comes within the test
+    ASSERT_TRUE(fs::exists(path));
+    EXPECT_EQ(load_profile(path).steps, 0);
+    const int32_t ids[] = {0, 1};
+    const float w[2] = {};
+    rec.on_router(0, 1, 2, ids, w);
+    rec.on_router(2, 1, 2, ids, w);
+    const StepChunkKind one[] = {{1, true}};
+    rec.end_step(one);
+  }
+  EXPECT_EQ(load_profile(path).steps, 1);  // written when the writer ends
+  fs::remove(path);
+  EXPECT_THROW(ProfileFileWriter(rec, "/nonexistent-dir/p.json", 1), Error);
+}
+
+}  // namespace
+}  // namespace spill::placement
