@@ -33,7 +33,6 @@ namespace {
 struct Budgeting {
   const PlanRequest& req;
   const ModelBytes& mb;
-  int64_t kv_tokens = 0;
   int64_t workspace = 0;
   bool embedding_on_gpu = true;
   std::vector<int64_t> layer_fixed{};  // weights except routed experts, plus the layer's KV
@@ -174,7 +173,7 @@ PlanOutcome make_plan(PlanRequest req) {
                      [&](int32_t a, int32_t b) { return plan.usage[l][size_t(a)] < plan.usage[l][size_t(b)]; });
   }
 
-  Budgeting b{.req = req, .mb = mb, .kv_tokens = plan.kv_tokens, .workspace = plan.workspace_per_gpu};
+  Budgeting b{.req = req, .mb = mb, .workspace = plan.workspace_per_gpu};
   for (size_t l = 0; l < L; ++l) {
     b.layer_fixed.push_back(mb.layers[l].weights.total() + plan.kv_tokens * kv_layer);
     b.layer_routed.push_back(mb.layers[l].routed_bytes());

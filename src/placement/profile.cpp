@@ -298,6 +298,7 @@ ProfileFileWriter::~ProfileFileWriter() {
 }
 
 void ProfileFileWriter::write_now() {
+  std::lock_guard lock(write_mutex_);
   const RoutingProfile p = recorder_.snapshot();
   if (p.steps == written_steps_) return;
   save_profile(p, path_);

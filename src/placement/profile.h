@@ -103,6 +103,7 @@ class ProfileFileWriter {
   const RoutingRecorder& recorder_;
   std::string path_;
   double interval_s_;
+  std::mutex write_mutex_;  // write_now may be called from any thread
   int64_t written_steps_ = -1;
   std::mutex mutex_;
   std::condition_variable wake_;
