@@ -243,9 +243,11 @@ TEST(PlacementPlanner, SeedBudgetRefusedWithoutOffloadFitsWithThirtyPercentOnHos
   r.allow_offload = false;
   const PlanOutcome refused = make_plan(r);
   EXPECT_FALSE(refused.fits);
-  for (const GpuPlan& g : refused.no_offload) EXPECT_GT(g.vram_total(), g.budget) << "gpu" << g.gpu;
-  std::printf("seed, no offload: %.1f / %.1f GiB per GPU (seed: 102.1)\n", gib(refused.no_offload[0].vram_total()),
-              gib(refused.no_offload[1].vram_total()));
+  // As the seed found: the weights alone are over the budget, before any KV.
+  for (const GpuPlan& g : refused.no_offload) EXPECT_GT(g.weights.total(), g.budget) << "gpu" << g.gpu;
+  std::printf("seed, no offload: weights %.2f / %.2f GiB per GPU (seed: 102.1), %.2f / %.2f with KV and workspace\n",
+              gib(refused.no_offload[0].weights.total()), gib(refused.no_offload[1].weights.total()),
+              gib(refused.no_offload[0].vram_total()), gib(refused.no_offload[1].vram_total()));
 
   r.allow_offload = true;
   r.min_host_fraction = 0.30;
@@ -258,7 +260,8 @@ TEST(PlacementPlanner, SeedBudgetRefusedWithoutOffloadFitsWithThirtyPercentOnHos
     EXPECT_GT(g.room(), 4 * GiB) << "gpu" << g.gpu << ": room left for more KV";
   }
   for (const LayerPlan& l : o.plan.layers) EXPECT_TRUE(l.host_experts.size() == 115 || l.host_experts.size() == 116);
-  std::printf("seed, 30%% on host: %.1f / %.1f GiB per GPU (seed: 72.4)\n", gib(o.plan.gpus[0].vram_total()),
+  std::printf("seed, 30%% on host: weights %.2f / %.2f GiB per GPU (seed: 72.4), %.2f / %.2f with KV and workspace\n",
+              gib(o.plan.gpus[0].weights.total()), gib(o.plan.gpus[1].weights.total()), gib(o.plan.gpus[0].vram_total()),
               gib(o.plan.gpus[1].vram_total()));
 }
 
