@@ -9,6 +9,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev
   libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+  libnuma-dev libhwloc-dev
   python3
 )
 missing=()

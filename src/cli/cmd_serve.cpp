@@ -67,6 +67,11 @@ void add_serve_command(CLI::App& app) {
                   "seconds of silence after which a stream gets a keep-alive ping (also how soon a vanished client "
                   "is noticed)")
       ->capture_default_str();
+  cmd->add_option("--record-profile", o.record_profile,
+                  "count expert routings of live traffic and rewrite this profile file periodically (spill plan "
+                  "--profile FILE reads it)");
+  cmd->add_option("--record-profile-interval", o.record_profile_interval_s, "seconds between rewrites of the profile")
+      ->capture_default_str();
   cmd->callback([a] {
     server::ServerOptions options = a->options;
     if (options.model_dir.empty()) options.model_dir = default_model_dir();

@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   spill::cli::add_eval_command(app);
   spill::cli::add_dequant_command(app);
   spill::cli::add_quantize_command(app);
+  spill::cli::add_plan_command(app);
+  spill::cli::add_profile_command(app);
+  spill::cli::add_topo_command(app);
 
   try {
     app.parse(argc, argv);

@@ -361,7 +361,7 @@ void Engine::Impl::step() {
     return;
   }
   try {
-    runner->forward(plan.batch, logits);
+    runner->forward(plan.batch, logits, config.observer);
   } catch (const std::exception& e) {
     // The step's KV writes are incomplete; those sequences cannot continue. Others are intact:
     // a step only writes the blocks of its own chunks.

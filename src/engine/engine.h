@@ -41,6 +41,9 @@ struct EngineConfig {
   // Called on the engine thread after every step (tests, debugging). Must be quick and must not
   // call back into the engine.
   std::function<void(const StepTrace&)> on_step{};
+  // Passed to every forward (routing profiles, debugging); called on the engine thread. A step's
+  // trace (on_step) says which of its tokens were decodes.
+  ForwardObserver* observer = nullptr;
 };
 
 // What the engine runs on. It takes ownership; the runner decides the KV pool (block size and

@@ -28,6 +28,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "placement/profile.h"
 #include "server/anthropic_api.h"
 #include "server/api_common.h"
 #include "server/chat_prompt.h"
@@ -223,6 +224,9 @@ class HttpServer {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> listen_returned_{false};
   std::string load_error_;
+  // Declared before engine_ so that they outlive it: the engine thread calls the recorder.
+  std::unique_ptr<placement::RoutingRecorder> recorder_;
+  std::unique_ptr<placement::ProfileFileWriter> profile_writer_;
   std::unique_ptr<Engine> engine_;
   std::optional<ChatPrompt> chat_prompt_;
   GenerationDefaults defaults_;
@@ -242,6 +246,18 @@ void HttpServer::load_model() {
     if (options_.max_seqs > 0) config.scheduler.max_running = options_.max_seqs;
     if (options_.max_waiting > 0) config.max_waiting = options_.max_waiting;
     config.max_model_len = options_.max_model_len;
+    if (!options_.record_profile.empty()) {  // routing profile of live traffic, for spill plan --profile
+      recorder_ = std::make_unique<placement::RoutingRecorder>(load_model_spec(options_.model_dir), options_.model_dir,
+                                                               "live traffic (spill serve --record-profile)");
+      config.observer = recorder_.get();
+      config.on_step = [rec = recorder_.get(), kinds = std::vector<placement::StepChunkKind>()](const StepTrace& t) mutable {
+        kinds.clear();
+        for (const StepTraceChunk& c : t.chunks) kinds.push_back({c.n_tokens, c.decode});
+        rec->end_step(kinds);
+      };
+      profile_writer_ = std::make_unique<placement::ProfileFileWriter>(*recorder_, options_.record_profile,
+                                                                       options_.record_profile_interval_s);
+    }
     CpuEngineOptions cpu{.model_dir = options_.model_dir,
                          .kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes},
                          .threads = options_.threads,

@@ -29,6 +29,8 @@ struct ServerOptions {
   size_t max_body_bytes = size_t(32) << 20;
   int http_threads = 0;             // 0: enough for max_seqs streams plus slack
   double ping_interval_s = 2.0;     // keep-alive comments while nothing else is sent
+  std::string record_profile;       // "": off; else the routing profile file, rewritten periodically
+  double record_profile_interval_s = 60.0;
 };
 
 // Binds, prints "spill: listening on http://HOST:PORT" on stdout, loads the model in the

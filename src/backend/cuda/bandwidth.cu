@@ -1,0 +1,122 @@
+// Read-bandwidth probe: one kernel streams a buffer with 16-byte loads, grid-stride, and folds
+// what it read into one word per block so the loads cannot be dropped. Run on a device buffer it
+// gives the HBM read ceiling; on mapped pinned host memory, the in-place PCIe read ceiling.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+#include "backend/cuda/bandwidth.h"
+#include "core/error.h"
+
+namespace spill::cuda {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
+}
+
+__global__ void read_kernel(const uint4* __restrict__ data, size_t n, unsigned* __restrict__ sink) {
+  unsigned acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Four loads in flight per thread before they are used.
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride], d = data[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = data[i];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  // Written only on an impossible value, so the compiler keeps the loads and the write costs nothing.
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+
+// Reads `bytes` at `data` repeatedly for about `seconds`; returns GB/s.
+double time_reads(const void* data, size_t bytes, double seconds, unsigned* sink, int blocks, double* spent) {
+  const size_t n = bytes / sizeof(uint4);
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  read_kernel<<<blocks, 256>>>(static_cast<const uint4*>(data), n, sink);  // warm-up (TLBs, clocks)
+  check(cudaGetLastError(), "read kernel launch");
+  check(cudaDeviceSynchronize(), "warm-up read");
+  // One timed pass to size the run, then enough passes to fill the time.
+  check(cudaEventRecord(start), "cudaEventRecord");
+  read_kernel<<<blocks, 256>>>(static_cast<const uint4*>(data), n, sink);
+  check(cudaEventRecord(stop), "cudaEventRecord");
+  check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float one_ms = 0;
+  check(cudaEventElapsedTime(&one_ms, start, stop), "cudaEventElapsedTime");
+  const int passes = std::max(1, int(seconds * 1e3 / std::max(one_ms, 1e-3f)));
+  check(cudaEventRecord(start), "cudaEventRecord");
+  for (int p = 0; p < passes; ++p) read_kernel<<<blocks, 256>>>(static_cast<const uint4*>(data), n, sink);
+  check(cudaEventRecord(stop), "cudaEventRecord");
+  check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  check(cudaGetLastError(), "read kernel");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  *spent = ms * 1e-3;
+  return double(n * sizeof(uint4)) * passes / (double(ms) * 1e-3) / 1e9;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_pci_bus_id(int device) {
+  char buf[32] = {};
+  if (cudaDeviceGetPCIBusId(buf, sizeof buf, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  std::string s(buf);
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+ReadBandwidth measure_read_bandwidth(int device, double seconds) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  // Enough blocks to keep every SM's load queue full; far larger buffers than the L2 cache.
+  const int blocks = prop.multiProcessorCount * 8;
+  size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  ReadBandwidth r;
+  r.hbm_buffer_bytes = int64_t(std::min<size_t>(size_t(2) << 30, free_b / 4) / 4096 * 4096);
+  r.host_buffer_bytes = int64_t(1) << 30;
+  unsigned* sink = nullptr;
+  check(cudaMalloc(&sink, sizeof(unsigned) * size_t(blocks)), "cudaMalloc (sink)");
+
+  void* dev = nullptr;
+  check(cudaMalloc(&dev, size_t(r.hbm_buffer_bytes)), "cudaMalloc (HBM buffer)");
+  check(cudaMemset(dev, 1, size_t(r.hbm_buffer_bytes)), "cudaMemset");
+  r.hbm_read_gbps = time_reads(dev, size_t(r.hbm_buffer_bytes), seconds / 2, sink, blocks, &r.hbm_seconds);
+  cudaFree(dev);
+
+  void* host = nullptr;
+  check(cudaHostAlloc(&host, size_t(r.host_buffer_bytes), cudaHostAllocMapped | cudaHostAllocPortable),
+        "cudaHostAlloc (pinned host buffer)");
+  std::fill_n(static_cast<unsigned char*>(host), size_t(r.host_buffer_bytes), 1);  // first touch by this thread
+  void* mapped = nullptr;
+  check(cudaHostGetDevicePointer(&mapped, host, 0), "cudaHostGetDevicePointer");
+  r.host_read_gbps = time_reads(mapped, size_t(r.host_buffer_bytes), seconds / 2, sink, blocks, &r.host_seconds);
+  cudaFreeHost(host);
+  cudaFree(sink);
+  return r;
+}
+
+}  // namespace spill::cuda

@@ -1,0 +1,193 @@
+// spill plan: where every routed expert lives (VRAM of which GPU, or host RAM), whether the model
+// fits, and how fast it can decode: the fit report, and the plan as JSON.
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "placement/fit_report.h"
+#include "placement/planner.h"
+
+namespace spill::cli {
+
+namespace {
+
+using namespace spill::placement;
+
+// "95.6G", "80GiB", "512M", "1073741824": binary units (G = 2^30), as GPU memory is quoted.
+int64_t parse_size(const std::string& text, const char* flag) {
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    fail("{}: \"{}\" is not a size; write bytes or a number with K, M, G or T (binary: 95.6G = 95.6 GiB)", flag, text);
+  }
+  std::string unit = text.substr(end);
+  for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.ends_with("IB")) unit.erase(unit.size() - 2);
+  else if (unit.size() > 1 && unit.ends_with("B")) unit.pop_back();
+  double scale = 1;
+  if (unit == "K") scale = 1024.0;
+  else if (unit == "M") scale = 1024.0 * 1024;
+  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") fail("{}: unknown unit in \"{}\"; use K, M, G or T", flag, text);
+  if (!(value >= 0)) fail("{}: must not be negative, got \"{}\"", flag, text);
+  return int64_t(value * scale + 0.5);
+}
+
+// "30%" or "0.3": a share in [0, 1].
+double parse_share(const std::string& text, const char* flag) {
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    fail("{}: \"{}\" is not a share; write 30% or 0.3", flag, text);
+  }
+  const std::string rest = text.substr(end);
+  if (rest == "%") value /= 100.0;
+  else if (!rest.empty()) fail("{}: \"{}\" is not a share; write 30% or 0.3", flag, text);
+  if (value < 0 || value > 1) fail("{}: {} is not between 0% and 100%", flag, text);
+  return value;
+}
+
+struct PlanArgs {
+  std::string model, synthetic, quant, kv_format = "bf16", gpu_mem, gpu_reserve, host_mem, kv_mem, profile, out;
+  std::string host_experts, embedding = "auto", topo;
+  int64_t max_model_len = 0, max_seqs = 0, max_batch_tokens = 2048, batch = 0, context = 0;
+  double hbm_gbps = 0, host_read_gbps = 0;
+  bool no_offload = false, no_profile = false;
+};
+
+// Bandwidth ceilings measured by `spill topo --json FILE`: the slowest GPU's figures.
+void read_topo_ceilings(const std::string& path, Ceilings& c) {
+  std::ifstream in(path);
+  if (!in) fail("--topo {}: cannot read it (write it with spill topo --json {})", path, path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("--topo {}: not valid JSON: {}", path, e.what());
+  }
+  double hbm = 0, host = 0;
+  for (const auto& g : j.value("gpus", nlohmann::json::array())) {
+    const double h = g.value("hbm_read_gbps", 0.0), p = g.value("host_read_gbps", 0.0);
+    if (h > 0) hbm = hbm > 0 ? std::min(hbm, h) : h;
+    if (p > 0) host = host > 0 ? std::min(host, p) : p;
+  }
+  if (hbm <= 0 || host <= 0)
+    fail("--topo {}: no measured bandwidth in it (it was written without a GPU); give --hbm-gbps and --host-read-gbps", path);
+  c.hbm_read_gbps = hbm;
+  c.host_read_gbps = host;
+}
+
+void run_plan(const PlanArgs& a) {
+  if (!a.model.empty() && !a.synthetic.empty()) fail("give --model or --synthetic, not both");
+  if (a.kv_mem.size() && (a.max_model_len || a.max_seqs))
+    fail("give the KV cache as --kv-mem or as --max-model-len and --max-seqs, not both");
+  PlanRequest req;
+  std::string model_dir;
+  if (!a.synthetic.empty()) {
+    req.shape = load_model_shape(a.synthetic);
+  } else {
+    model_dir = a.model.empty() ? default_model_dir() : a.model;
+    if (std::filesystem::path(model_dir).extension() == ".gguf")
+      fail("--model {}: planning from a GGUF file is not supported yet; give the model's config.json with --synthetic", model_dir);
+    req.shape = load_model_shape(model_dir);
+  }
+  req.types = parse_tensor_class_types(a.quant);
+  req.kv_format = parse_kv_format(a.kv_format);
+  if (a.gpu_mem.empty()) fail("--gpu-mem is required: the usable memory of each GPU, e.g. --gpu-mem 95.6G,95.6G");
+  for (size_t start = 0; start <= a.gpu_mem.size();) {
+    const size_t comma = a.gpu_mem.find(',', start);
+    const std::string item = a.gpu_mem.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    req.gpu_mem.push_back(parse_size(item, "--gpu-mem"));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (!a.gpu_reserve.empty()) req.gpu_reserve = parse_size(a.gpu_reserve, "--gpu-reserve");
+  if (!a.host_mem.empty()) req.host_mem = parse_size(a.host_mem, "--host-mem");
+  if (!a.kv_mem.empty()) req.kv_mem = parse_size(a.kv_mem, "--kv-mem");
+  req.max_model_len = a.max_model_len;
+  req.max_seqs = a.max_seqs;
+  req.max_batch_tokens = a.max_batch_tokens;
+  req.allow_offload = !a.no_offload;
+  if (!a.host_experts.empty()) req.min_host_fraction = parse_share(a.host_experts, "--host-experts");
+  if (a.embedding == "auto") req.embedding = EmbeddingHome::Auto;
+  else if (a.embedding == "gpu") req.embedding = EmbeddingHome::Gpu;
+  else if (a.embedding == "host") req.embedding = EmbeddingHome::Host;
+  else fail("--embedding must be auto, gpu or host, got \"{}\"", a.embedding);
+  if (!a.topo.empty()) read_topo_ceilings(a.topo, req.ceilings);
+  if (a.hbm_gbps > 0) req.ceilings.hbm_read_gbps = a.hbm_gbps;
+  if (a.host_read_gbps > 0) req.ceilings.host_read_gbps = a.host_read_gbps;
+  req.report_batch = a.batch;
+  req.report_context = a.context;
+
+  std::string profile_path = a.profile;
+  if (profile_path.empty() && !model_dir.empty() && !a.no_profile &&
+      std::filesystem::exists(std::filesystem::path(model_dir) / "routing_profile.json"))
+    profile_path = (std::filesystem::path(model_dir) / "routing_profile.json").string();
+  if (!profile_path.empty()) {
+    req.profile = load_profile(profile_path);
+    req.profile_source = profile_path;
+  }
+
+  const PlanOutcome outcome = make_plan(std::move(req));
+  std::fputs(format_fit_report(outcome).c_str(), stdout);
+  std::fflush(stdout);
+  if (!outcome.fits) throw CLI::RuntimeError(1);  // the report has said why and what to change
+  if (!a.out.empty()) {
+    std::ofstream out(a.out, std::ios::trunc);
+    if (!out) fail("--out {}: cannot write the plan", a.out);
+    out << plan_to_json(outcome);
+    if (!out) fail("--out {}: writing the plan failed", a.out);
+    std::printf("plan written to %s\n", a.out.c_str());
+  }
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan",
+                                 "Plan which routed experts live in VRAM and which in host RAM; print whether the model "
+                                 "fits and how fast it can decode (docs/placement.md)");
+  auto a = std::make_shared<PlanArgs>();
+  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--synthetic", a->synthetic, "plan for a config.json alone (a shape such as docs/shapes/seed.json)");
+  cmd->add_option("--quant", a->quant,
+                  "types by tensor class: a preset (bf16, q8_0, q6_k, q4_k_m, q3_k_m, q2_k) and/or CLASS=TYPE items, "
+                  "e.g. experts=q3_k,attention=q8_0,embed=q8_0,head=q6_k,shared=q6_k (default: bf16)");
+  cmd->add_option("--gpu-mem", a->gpu_mem, "usable memory of each GPU, comma-separated: 80G or 95.6G,95.6G")->required();
+  cmd->add_option("--gpu-reserve", a->gpu_reserve, "memory kept free on every GPU (CUDA context, allocator), e.g. 512M");
+  cmd->add_option("--host-mem", a->host_mem, "pinned host RAM the plan may use (default: not limited)");
+  cmd->add_option("--max-model-len", a->max_model_len, "tokens per sequence the KV cache holds (default: the model's, at most 32768)");
+  cmd->add_option("--max-seqs", a->max_seqs, "sequences the KV cache holds at full length (default 4)");
+  cmd->add_option("--kv-mem", a->kv_mem, "KV cache size in all, instead of --max-model-len x --max-seqs");
+  cmd->add_option("--kv-format", a->kv_format, "KV cache format: f32 (CPU runner), bf16, fp8 (e4m3, per-head scales)")
+      ->capture_default_str();
+  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "tokens in one step (sets the workspace)")->capture_default_str();
+  cmd->add_option("--profile", a->profile,
+                  "routing profile from spill profile (default: <model>/routing_profile.json when present, else uniform)");
+  cmd->add_flag("--no-profile", a->no_profile, "plan as if routing were uniform even when the model ships a profile");
+  cmd->add_option("--host-experts", a->host_experts, "at least this share of routed experts in host RAM, e.g. 30%");
+  cmd->add_flag("--no-offload", a->no_offload, "every routed expert in VRAM, or refuse");
+  cmd->add_option("--embedding", a->embedding, "home of the embedding table: auto (host when offloading), gpu or host")
+      ->capture_default_str();
+  cmd->add_option("--topo", a->topo, "bandwidth ceilings measured by spill topo --json FILE");
+  cmd->add_option("--hbm-gbps", a->hbm_gbps, "HBM read ceiling in GB/s (default 4530, an H200)");
+  cmd->add_option("--host-read-gbps", a->host_read_gbps, "in-place pinned host read ceiling in GB/s (default 50, PCIe Gen5 x16)");
+  cmd->add_option("--batch", a->batch, "streams decoding at once for the batch figures (default: --max-seqs)");
+  cmd->add_option("--context", a->context, "context tokens per stream for the decode figures (default: min(4096, --max-model-len))");
+  cmd->add_option("--out", a->out, "write the plan as JSON here");
+  cmd->callback([a] { run_plan(*a); });
+}
+
+}  // namespace spill::cli

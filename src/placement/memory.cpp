@@ -1,0 +1,218 @@
+#include "placement/memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace spill::placement {
+
+namespace {
+
+int64_t optional_int(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return 0;
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0)
+    fail("{}: \"{}\" must be a non-negative integer, got {}", where, key, j[key].dump());
+  return j[key].get<int64_t>();
+}
+
+}  // namespace
+
+ModelShape parse_model_shape(const std::string& config_json_text, const std::string& where) {
+  ModelShape shape;
+  shape.spec = parse_model_spec(config_json_text, where);
+  shape.source = where;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(config_json_text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", where, e.what());
+  }
+  shape.shared.count = optional_int(j, "n_shared_experts", where);
+  if (shape.shared.count > 0) {
+    shape.shared.intermediate_size = optional_int(j, "shared_expert_intermediate_size", where);
+    if (shape.shared.intermediate_size == 0) shape.shared.intermediate_size = shape.spec.moe_intermediate_size;
+    if (shape.shared.intermediate_size == 0)
+      fail("{}: n_shared_experts is {} but neither shared_expert_intermediate_size nor moe_intermediate_size gives "
+           "their width",
+           where, shape.shared.count);
+  }
+  return shape;
+}
+
+ModelShape load_model_shape(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::is_directory(path) ? fs::path(path) / "config.json" : fs::path(path);
+  std::ifstream in(p);
+  if (!in) fail("{}: cannot read the model config (give a model folder or a config.json file)", p.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_model_shape(text.str(), p.string());
+}
+
+int64_t ClassBytes::total() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+ClassBytes& ClassBytes::operator+=(const ClassBytes& o) {
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] += o.bytes[i];
+  return *this;
+}
+
+int64_t matrix_bytes(DType type, int64_t rows, int64_t cols) { return rows * row_bytes(storage_type(type, cols), cols); }
+
+ModelBytes account_weights(const ModelShape& shape, const TensorClassTypes& types) {
+  const ModelSpec& s = shape.spec;
+  const std::string& where = shape.source;
+  if (s.hidden_size <= 0 || s.n_layers <= 0 || s.vocab_size <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0 ||
+      s.head_dim <= 0)
+    fail("{}: hidden size, layers, vocabulary, heads and head_dim must all be positive to count bytes", where);
+  if (int64_t(s.layer_is_moe.size()) != s.n_layers)
+    fail("{}: layer_is_moe has {} entries for {} layers", where, s.layer_is_moe.size(), s.n_layers);
+  if (s.n_moe_layers() > 0 && (s.n_experts <= 0 || s.moe_intermediate_size <= 0))
+    fail("{}: MoE layers need num_experts and moe_intermediate_size", where);
+
+  ModelBytes mb;
+  const int64_t H = s.hidden_size, Q = s.q_dim(), KV = s.kv_dim();
+  auto note_fallback = [&](TensorClass c, int64_t cols, const char* what) {
+    const DType wanted = types[c], got = storage_type(wanted, cols);
+    if (wanted == got) return;
+    const std::string n = fmt::format("{}: rows of {} weights are not whole {} blocks of {}; stored as {}", what, cols,
+                                      dtype_name(wanted), dtype_block_elems(wanted), dtype_name(got));
+    if (std::find(mb.notes.begin(), mb.notes.end(), n) == mb.notes.end()) mb.notes.push_back(n);
+  };
+
+  // Token embedding and output head ([vocab, hidden] each; one matrix when tied).
+  mb.tied_embedding = s.tie_word_embeddings;
+  const TensorClass embed_class = mb.tied_embedding ? TensorClass::LmHead : TensorClass::Embedding;
+  mb.embedding_row = matrix_bytes(types[embed_class], 1, H);
+  mb.embedding = mb.tied_embedding ? 0 : matrix_bytes(types[TensorClass::Embedding], s.vocab_size, H);
+  note_fallback(embed_class, H, mb.tied_embedding ? "embedding (tied to the head)" : "embedding");
+  const int64_t final_norm = matrix_bytes(types[TensorClass::Norms], 1, H);
+  mb.lm_head = matrix_bytes(types[TensorClass::LmHead], s.vocab_size, H);
+  note_fallback(TensorClass::LmHead, H, "lm head");
+  mb.total[TensorClass::Embedding] = mb.embedding;
+  mb.total[TensorClass::LmHead] = mb.lm_head;
+  mb.total[TensorClass::Norms] = final_norm;
+  mb.lm_head += final_norm;
+
+  // One routed expert: gate and up [width, hidden], down [hidden, width].
+  if (s.n_moe_layers() > 0) {
+    const DType t = types[TensorClass::RoutedExperts];
+    const int64_t I = s.moe_intermediate_size;
+    mb.routed_expert_bytes = 2 * matrix_bytes(t, I, H) + matrix_bytes(t, H, I);
+    mb.routed_expert_weights = 3 * I * H;
+    note_fallback(TensorClass::RoutedExperts, H, "routed experts' gate/up");
+    note_fallback(TensorClass::RoutedExperts, I, "routed experts' down");
+  }
+
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    LayerBytes lb;
+    ClassBytes& w = lb.weights;
+    const DType at = types[TensorClass::Attention];
+    w[TensorClass::Attention] = matrix_bytes(at, Q, H) + 2 * matrix_bytes(at, KV, H) + matrix_bytes(at, H, Q);
+    if (s.attention_bias) w[TensorClass::Attention] += 4 * (Q + 2 * KV + H);  // f32 biases
+    note_fallback(TensorClass::Attention, H, "attention q/k/v");
+    note_fallback(TensorClass::Attention, Q, "attention output");
+    const DType nt = types[TensorClass::Norms];
+    w[TensorClass::Norms] = 2 * matrix_bytes(nt, 1, H);
+    if (s.qk_norm == QkNorm::PerHead) w[TensorClass::Norms] += 2 * matrix_bytes(nt, 1, s.head_dim);
+    if (s.qk_norm == QkNorm::WholeProjection) w[TensorClass::Norms] += matrix_bytes(nt, 1, Q) + matrix_bytes(nt, 1, KV);
+    if (s.layer_is_moe[size_t(l)]) {
+      w[TensorClass::Router] = matrix_bytes(types[TensorClass::Router], s.n_experts, H);
+      note_fallback(TensorClass::Router, H, "router");
+      if (shape.shared.count > 0) {
+        const DType st = types[TensorClass::SharedExperts];
+        const int64_t I = shape.shared.intermediate_size;
+        w[TensorClass::SharedExperts] = shape.shared.count * (2 * matrix_bytes(st, I, H) + matrix_bytes(st, H, I));
+        note_fallback(TensorClass::SharedExperts, I, "shared experts' down");
+      }
+      lb.n_routed_experts = s.n_experts;
+      lb.routed_expert_bytes = mb.routed_expert_bytes;
+    } else {
+      if (s.intermediate_size <= 0) fail("{}: layer {} is dense but intermediate_size is not set", where, l);
+      const DType dt = types[TensorClass::DenseMlp];
+      const int64_t I = s.intermediate_size;
+      w[TensorClass::DenseMlp] = 2 * matrix_bytes(dt, I, H) + matrix_bytes(dt, H, I);
+      note_fallback(TensorClass::DenseMlp, I, "dense MLP down");
+    }
+    mb.total += w;
+    mb.total[TensorClass::RoutedExperts] += lb.routed_bytes();
+    mb.layers.push_back(lb);
+  }
+  return mb;
+}
+
+std::string_view kv_format_name(KvFormat f) {
+  switch (f) {
+    case KvFormat::F32: return "f32";
+    case KvFormat::BF16: return "bf16";
+    case KvFormat::Fp8E4m3: return "fp8";
+  }
+  return "?";
+}
+
+KvFormat parse_kv_format(std::string_view text, std::string_view flag) {
+  std::string t(text);
+  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "f32" || t == "fp32" || t == "float32") return KvFormat::F32;
+  if (t == "bf16") return KvFormat::BF16;
+  if (t == "fp8" || t == "fp8_e4m3" || t == "e4m3") return KvFormat::Fp8E4m3;
+  fail("{}: unknown KV format \"{}\"; use f32 (the CPU runner), bf16 or fp8 (e4m3 with per-head scales)", flag, text);
+}
+
+int64_t kv_bytes_per_token_per_layer(const ModelSpec& spec, KvFormat format) {
+  const int64_t elems = spec.n_kv_heads * spec.head_dim;  // of K, and again of V
+  switch (format) {
+    case KvFormat::F32: return 2 * elems * 4;
+    case KvFormat::BF16: return 2 * elems * 2;
+    case KvFormat::Fp8E4m3: return 2 * (elems * 1 + spec.n_kv_heads * 4);  // one f32 scale per head
+  }
+  return 0;
+}
+
+int64_t kv_bytes_per_token(const ModelSpec& spec, KvFormat format) {
+  return spec.n_layers * kv_bytes_per_token_per_layer(spec, format);
+}
+
+int64_t workspace_bytes(const ModelShape& shape, const WorkspaceParams& params) {
+  const ModelSpec& s = shape.spec;
+  const int64_t T = params.max_batch_tokens, H = s.hidden_size, Q = s.q_dim(), KV = s.kv_dim();
+  const int64_t rows = std::min(params.max_logit_rows, T);
+  // hidden state, norm output, MLP output; q and attention output; k and v; positions.
+  int64_t floats = 3 * T * H + 2 * T * Q + 2 * T * KV;
+  int64_t bytes = 4 * T;
+  // The MLP block's scratch is reused across layers: the larger of the MoE and the dense one.
+  int64_t moe = 0, dense = 0;
+  if (s.n_moe_layers() > 0) {
+    const int64_t k = s.n_experts_per_token, I = s.moe_intermediate_size;
+    // router logits; per routed token: gathered input, gate and up, output.
+    moe = T * s.n_experts + T * k * (2 * H + 2 * I);
+    bytes += T * k * 8;  // expert ids (int32) and weights (f32)
+    if (shape.shared.count > 0) moe += 2 * T * shape.shared.intermediate_size;
+  }
+  if (s.n_moe_layers() < s.n_layers) dense = 2 * T * s.intermediate_size;
+  floats += std::max(moe, dense);
+  floats += rows * (H + s.vocab_size);  // final rows and logits
+  return bytes + 4 * floats;
+}
+
+double gib(int64_t bytes) { return double(bytes) / double(int64_t(1) << 30); }
+
+std::string format_bytes(int64_t bytes) {
+  const double b = double(bytes);
+  if (std::abs(b) >= double(int64_t(1) << 30)) return fmt::format("{:.2f} GiB", b / double(int64_t(1) << 30));
+  if (std::abs(b) >= double(1 << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  if (std::abs(b) >= double(1 << 10)) return fmt::format("{:.1f} KiB", b / double(1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
+}  // namespace spill::placement

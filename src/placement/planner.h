@@ -1,0 +1,123 @@
+// The placement planner: per routed expert, VRAM of one GPU or pinned host RAM, from a memory
+// budget and a routing profile; per other tensor class, the same where it makes sense (the
+// embedding is read a row per token, so host RAM is a good home; the LM head is read whole every
+// step and stays on a GPU). Pure host code: it decides, a runner executes.
+//
+// Multi-GPU: layers are split into contiguous ranges, one per GPU (the step runs through them in
+// order); the embedding belongs to the first GPU (or host), the head to the last. Host experts of a
+// layer are read in place by the GPU that owns the layer, over its own PCIe link.
+//
+// Deterministic: the same request gives the same plan, byte for byte (ties go to the lower layer
+// and expert id).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "placement/memory.h"
+#include "placement/profile.h"
+#include "placement/tensor_types.h"
+
+namespace spill::placement {
+
+// Bandwidth ceilings in GB/s (1e9 bytes/s), measured by `spill topo`; defaults are the H200
+// figures: HBM read, and a kernel reading pinned host memory in place over PCIe Gen5 x16.
+struct Ceilings {
+  double hbm_read_gbps = 4530.0;
+  double host_read_gbps = 50.0;
+};
+
+enum class EmbeddingHome { Auto, Gpu, Host };  // Auto: host RAM when anything must be offloaded
+
+struct PlanRequest {
+  ModelShape shape{};
+  TensorClassTypes types{};
+  KvFormat kv_format = KvFormat::BF16;
+  std::vector<int64_t> gpu_mem{};  // usable bytes of each GPU
+  int64_t gpu_reserve = 0;       // subtracted from every GPU (CUDA context, allocator slack)
+  int64_t host_mem = 0;          // pinned host RAM the plan may use; 0: not limited
+  // KV cache: room for max_seqs sequences of max_model_len tokens (in whole blocks), or kv_mem
+  // bytes in all when > 0.
+  int64_t max_model_len = 0;
+  int64_t max_seqs = 0;
+  int64_t kv_mem = 0;
+  int32_t kv_block_size = 16;
+  int64_t max_batch_tokens = 2048;
+  EmbeddingHome embedding = EmbeddingHome::Auto;
+  bool allow_offload = true;      // false: every routed expert in VRAM, or refuse
+  double min_host_fraction = 0;   // at least this share of the routed experts in host RAM
+  std::optional<RoutingProfile> profile{};  // none: uniform routing
+  std::string profile_source{};             // for the report
+  Ceilings ceilings{};
+  int64_t report_batch = 0;    // B of the batch figures; 0: max_seqs (at least 1)
+  int64_t report_context = 0;  // context of each stream in the decode bound; 0: min(4096, max_model_len)
+};
+
+struct GpuPlan {
+  int gpu = 0;
+  int64_t budget = 0;  // gpu_mem of this GPU
+  int64_t first_layer = 0, n_layers = 0;
+  bool embedding = false, lm_head = false;
+  ClassBytes weights;  // in this GPU's VRAM, by class
+  int64_t kv = 0, workspace = 0, reserve = 0;
+  int64_t host_experts = 0;  // routed experts of its layers in host RAM
+  int64_t host_bytes = 0;    // their bytes
+  int64_t vram_total() const { return weights.total() + kv + workspace + reserve; }
+  int64_t room() const { return budget - vram_total(); }
+};
+
+struct LayerPlan {
+  int64_t layer = 0;
+  int gpu = 0;  // the GPU that owns the layer and reads its host experts
+  bool moe = false;
+  std::vector<int32_t> host_experts{};  // ids in host RAM, ascending; every other expert is in VRAM
+};
+
+struct Plan {
+  ModelBytes bytes;
+  int64_t kv_tokens = 0;           // tokens the KV cache holds (all sequences)
+  int64_t kv_bytes_per_token = 0;  // all layers
+  int64_t max_model_len = 0, max_seqs = 0;  // as resolved
+  int64_t workspace_per_gpu = 0;
+  bool embedding_on_host = false;
+  std::vector<GpuPlan> gpus;
+  std::vector<LayerPlan> layers;
+  std::vector<std::vector<double>> usage;  // [layer][expert]: share of tokens routed there
+  std::string usage_source;                // "uniform" or the profile
+
+  int64_t host_experts() const;
+  int64_t host_bytes() const;  // experts plus the embedding when it is in host RAM
+  int64_t routed_experts() const;
+};
+
+struct PlanOutcome {
+  bool fits = false;
+  PlanRequest request;             // as given, with defaults resolved
+  std::vector<GpuPlan> no_offload;  // the same model with everything in VRAM, split as evenly as it goes
+  Plan plan;                        // the plan (when fits)
+  std::string refusal;              // why not, by how much, and what to change (when !fits)
+};
+
+// Plans, or says why it cannot. Throws spill::Error only for a request that makes no sense (no
+// GPU, a profile of another model); a budget that is too small is a refusal, not an exception.
+PlanOutcome make_plan(PlanRequest request);
+
+// The plan as readable JSON (format "spill-placement-plan", version 1; docs/placement.md): per
+// GPU its layers and VRAM by class, per layer its GPU and the experts in host RAM, with bytes.
+std::string plan_to_json(const PlanOutcome& outcome);
+
+// Expected decode traffic of a plan for steps of `batch` tokens (one per stream), each stream at
+// `context` tokens: bytes from VRAM and host per step, and the speed the ceilings allow.
+struct DecodeEstimate {
+  int64_t batch = 1, context = 0;
+  double host_bytes_per_token = 0;  // host bytes of a step / batch
+  double vram_bytes_per_step = 0;
+  double host_bytes_per_step = 0;
+  double expected_host_experts_per_step = 0;  // distinct host experts a step touches
+  double step_seconds = 0;                    // lower bound: per layer max(VRAM/HBM, host/PCIe), summed
+  double tokens_per_s_per_stream = 0;         // 1 / step_seconds: the upper bound per stream
+};
+DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& request, int64_t batch, int64_t context);
+
+}  // namespace spill::placement

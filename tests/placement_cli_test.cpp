@@ -1,0 +1,111 @@
+// spill plan, spill profile and spill topo from outside: exit codes, the plan and profile files
+// they write, and clear errors for bad flags.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string spill_bin() {
+  const char* bin = std::getenv("SPILL_BIN");
+  return bin ? bin : "";
+}
+
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+fs::path temp(const std::string& name) { return fs::temp_directory_path() / (name + std::to_string(::getpid())); }
+
+const std::string kSeed = (fs::path(SPILL_TEST_DATA) / "shapes" / "seed.json").string();
+const std::string kSeedArgs = " plan --synthetic " + kSeed +
+                              " --quant experts=q3_k,attention=q8_0,embed=q8_0,head=q6_k,shared=q6_k --kv-format fp8 "
+                              "--max-model-len 131072 --max-seqs 2 --gpu-mem 95.6G,95.6G";
+
+TEST(PlacementCli, PlanRefusesWithExitOneAndWritesAPlanWhenItFits) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  auto [refused, text] = run(spill_bin() + kSeedArgs + " --no-offload");
+  EXPECT_EQ(refused, 1) << text;
+  EXPECT_NE(text.find("REFUSED: the model does not fit in VRAM without offload"), std::string::npos) << text;
+
+  const fs::path out = temp("spill_plan_");
+  auto [ok, report] = run(spill_bin() + kSeedArgs + " --host-experts 30% --out " + out.string());
+  ASSERT_EQ(ok, 0) << report;
+  EXPECT_NE(report.find("does not fit without offload"), std::string::npos) << report;
+  std::ifstream in(out);
+  const nlohmann::json plan = nlohmann::json::parse(in);
+  fs::remove(out);
+  EXPECT_EQ(plan["format"], "spill-placement-plan");
+  EXPECT_EQ(plan["host"]["experts"], 4608);
+  int64_t host = 0;
+  for (const auto& l : plan["layers"]) {
+    host += int64_t(l["host"].size());
+    for (const auto& e : l["host"]) EXPECT_TRUE(e.get<int>() >= 0 && e.get<int>() < 384);
+  }
+  EXPECT_EQ(host, 4608);
+  ASSERT_EQ(plan["gpus"].size(), 2u);
+  for (const auto& g : plan["gpus"]) EXPECT_LE(g["vram"]["total"].get<int64_t>(), g["budget"].get<int64_t>());
+}
+
+TEST(PlacementCli, PlanFlagErrorsAreClear) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  auto [a, t1] = run(spill_bin() + " plan --synthetic " + kSeed + " --gpu-mem 80G --quant experts=q3");
+  EXPECT_EQ(a, 1);
+  EXPECT_NE(t1.find("--quant: unknown type \"q3\""), std::string::npos) << t1;
+  auto [b, t2] = run(spill_bin() + " plan --synthetic " + kSeed + " --gpu-mem 80X");
+  EXPECT_EQ(b, 1);
+  EXPECT_NE(t2.find("--gpu-mem"), std::string::npos) << t2;
+  auto [c, t3] = run(spill_bin() + " plan --synthetic /nonexistent.json --gpu-mem 80G");
+  EXPECT_EQ(c, 1);
+  EXPECT_NE(t3.find("/nonexistent.json"), std::string::npos) << t3;
+}
+
+TEST(PlacementCli, TopoAnswersWithoutAGpu) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  const fs::path out = temp("spill_topo_");
+  auto [status, text] = run(spill_bin() + " topo --seconds 0.2 --json " + out.string());
+  ASSERT_EQ(status, 0) << text;
+  EXPECT_NE(text.find("NUMA nodes:"), std::string::npos) << text;
+  std::ifstream in(out);
+  const nlohmann::json topo = nlohmann::json::parse(in);
+  fs::remove(out);
+  EXPECT_EQ(topo["format"], "spill-topology");
+  EXPECT_GE(topo["numa_nodes"].size(), 1u);
+}
+
+TEST(PlacementCli, ProfileCountsEveryRoutedToken) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  const fs::path prompts = temp("spill_prompts_"), out = temp("spill_profile_");
+  {
+    std::ofstream p(prompts);
+    p << R"({"prompt_ids": [5, 6, 7, 8, 9, 10, 11]})" << "\n" << R"({"prompt_ids": [300, 301, 302], "max_tokens": 2})" << "\n";
+  }
+  auto [status, text] = run(spill_bin() + " profile --prompts " + prompts.string() + " --max-tokens 4 --threads 2 --out " + out.string());
+  fs::remove(prompts);
+  ASSERT_EQ(status, 0) << text;
+  std::ifstream in(out);
+  const nlohmann::json p = nlohmann::json::parse(in);
+  fs::remove(out);
+  for (const auto& l : p["layers"]) {
+    EXPECT_EQ(l["prefill_tokens"], 10);
+    EXPECT_EQ(l["decode_tokens"], 3 + 1);  // 4 and 2 tokens generated; the last of each is never fed back
+    const std::vector<int64_t> pre = l["prefill"], dec = l["decode"];
+    EXPECT_EQ(std::accumulate(pre.begin(), pre.end(), int64_t(0)), 10 * p["top_k"].get<int64_t>());
+    EXPECT_EQ(std::accumulate(dec.begin(), dec.end(), int64_t(0)), 4 * p["top_k"].get<int64_t>());
+  }
+}
+
+}  // namespace
