@@ -4,12 +4,11 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/generation_config.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "model/runner.h"
@@ -25,36 +24,22 @@ struct GenerateArgs {
   int threads = 0;
   bool ignore_eos = false;
   bool quiet = false;
-  SamplingParams sampling;
-  bool temperature_given = false;
+  SamplingParams sampling;  // the model's defaults with the flags given on top
 };
 
-// Sampling defaults from the model's generation_config.json, as transformers applies them;
-// flags given on the command line win.
-void apply_generation_config(const std::string& dir, GenerateArgs& a) {
-  const auto path = std::filesystem::path(dir) / "generation_config.json";
-  if (!std::filesystem::exists(path)) return;
-  nlohmann::json g;
-  try {
-    std::ifstream in(path);
-    g = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
+// The sampling flags as given; each one set overrides the model's generation_config.json.
+struct SamplingFlags {
+  SamplingParams values;
+  std::vector<std::pair<CLI::Option*, void (*)(SamplingParams&, const SamplingParams&)>> options;
+  void apply(SamplingParams& to) const {
+    for (const auto& [option, copy] : options)
+      if (option->count() > 0) copy(to, values);
   }
-  if (!g.is_object() || a.temperature_given) return;
-  if (g.value("do_sample", false)) {
-    if (g.contains("temperature") && g["temperature"].is_number()) a.sampling.temperature = g["temperature"].get<float>();
-    if (g.contains("top_p") && g["top_p"].is_number()) a.sampling.top_p = g["top_p"].get<float>();
-    if (g.contains("top_k") && g["top_k"].is_number_integer()) a.sampling.top_k = g["top_k"].get<int32_t>();
-  } else {
-    a.sampling.temperature = 0;
-  }
-}
+};
 
 void run_generate(GenerateArgs a) {
   using clock = std::chrono::steady_clock;
   const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-  apply_generation_config(dir, a);
   a.sampling.validate();
   if (a.max_tokens < 0) fail("-n must be >= 0, got {}", a.max_tokens);
   auto model = Model::load(dir);
@@ -121,21 +106,34 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
   cmd->add_option("--prompt,-p", a->prompt, "prompt text")->required();
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
-  auto* temp = cmd->add_option("--temperature,-t", a->sampling.temperature,
-                               "0 = greedy (default: the model's generation_config.json, else 1)");
-  cmd->add_option("--top-k", a->sampling.top_k, "keep the k most likely tokens (0 = off)");
-  cmd->add_option("--top-p", a->sampling.top_p, "nucleus sampling threshold (1 = off)");
-  cmd->add_option("--min-p", a->sampling.min_p, "drop tokens below min_p x the top probability (0 = off)");
-  cmd->add_option("--repetition-penalty", a->sampling.repetition_penalty, "1 = off");
-  cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "0 = off");
-  cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "0 = off");
-  cmd->add_option("--seed", a->sampling.seed, "random seed: the same seed gives the same text");
+  auto flags = std::make_shared<SamplingFlags>();
+  SamplingParams& v = flags->values;
+  auto flag = [&](CLI::Option* option, void (*copy)(SamplingParams&, const SamplingParams&)) {
+    flags->options.emplace_back(option, copy);
+  };
+  flag(cmd->add_option("--temperature,-t", v.temperature, "0 = greedy (default: the model's generation_config.json, else 1)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.temperature = from.temperature; });
+  flag(cmd->add_option("--top-k", v.top_k, "keep the k most likely tokens (0 = off)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.top_k = from.top_k; });
+  flag(cmd->add_option("--top-p", v.top_p, "nucleus sampling threshold (1 = off)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.top_p = from.top_p; });
+  flag(cmd->add_option("--min-p", v.min_p, "drop tokens below min_p x the top probability (0 = off)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.min_p = from.min_p; });
+  flag(cmd->add_option("--repetition-penalty", v.repetition_penalty, "1 = off"),
+       [](SamplingParams& to, const SamplingParams& from) { to.repetition_penalty = from.repetition_penalty; });
+  flag(cmd->add_option("--presence-penalty", v.presence_penalty, "0 = off"),
+       [](SamplingParams& to, const SamplingParams& from) { to.presence_penalty = from.presence_penalty; });
+  flag(cmd->add_option("--frequency-penalty", v.frequency_penalty, "0 = off"),
+       [](SamplingParams& to, const SamplingParams& from) { to.frequency_penalty = from.frequency_penalty; });
+  flag(cmd->add_option("--seed", v.seed, "random seed: the same seed gives the same text"),
+       [](SamplingParams& to, const SamplingParams& from) { to.seed = from.seed; });
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--quiet,-q", a->quiet, "no timing line on stderr");
-  cmd->callback([a, temp] {
+  cmd->callback([a, flags] {
     GenerateArgs args = *a;
-    args.temperature_given = temp->count() > 0;
+    args.sampling = load_sampling_defaults(args.model.empty() ? default_model_dir() : args.model);
+    flags->apply(args.sampling);
     run_generate(args);
   });
 }

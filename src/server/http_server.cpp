@@ -571,6 +571,7 @@ std::optional<int64_t> HttpServer::fit_context(int64_t prompt_tokens, std::optio
                    .param = param,
                    .code = "context_length_exceeded"};
   const int64_t room = limit - prompt_tokens;
+  if (options_.max_tokens_cap > 0) max_tokens = std::min(max_tokens.value_or(options_.max_tokens_cap), options_.max_tokens_cap);
   if (!max_tokens || *max_tokens <= room) return max_tokens;
   if (options_.strict_max_tokens)
     throw ApiError{.status = 400,

@@ -30,6 +30,9 @@ struct ServerOptions {
   // max_tokens beyond the room the prompt leaves: false clamps it to that room (the reply ends
   // with finish_reason "length"), true refuses the request with 400 as vLLM does.
   bool strict_max_tokens = false;
+  // Most tokens one reply may generate, whatever the request asks (or when it asks nothing,
+  // as Codex does); 0: no cap beyond the context. A reply cut by it ends with "length".
+  int64_t max_tokens_cap = 0;
   size_t responses_store = 256;     // /v1/responses kept for previous_response_id; 0: none
 };
 
