@@ -1354,8 +1354,9 @@ void HttpServer::handle_responses(const httplib::Request& req, httplib::Response
   SseReply sse;
   sse.prompt_sizes = {n_prompt};
   sse.start = [st, in_progress] {
-    return st->builder.event("response.created", Json{{"response", in_progress()}}) +
-           st->builder.event("response.in_progress", Json{{"response", in_progress()}});
+    std::string events = st->builder.event("response.created", Json{{"response", in_progress()}});
+    events += st->builder.event("response.in_progress", Json{{"response", in_progress()}});
+    return events;
   };
   sse.on_output = [take](size_t, RequestOutput& out, const ChoiceTiming& timing) { return take(out, timing); };
   // A typed event, which clients' idle timers see (Codex resets its stream timeout on each).
@@ -1364,10 +1365,11 @@ void HttpServer::handle_responses(const httplib::Request& req, httplib::Response
     Json failed_response = in_progress();
     failed_response["status"] = "failed";
     failed_response["error"] = Json{{"code", e.status >= 500 ? "server_error" : "invalid_request"}, {"message", e.message}};
-    return st->builder.event("error", Json{{"code", e.code.empty() ? Json(nullptr) : Json(e.code)},
-                                           {"message", e.message},
-                                           {"param", e.param.empty() ? Json(nullptr) : Json(e.param)}}) +
-           st->builder.event("response.failed", Json{{"response", std::move(failed_response)}});
+    std::string events = st->builder.event("error", Json{{"code", e.code.empty() ? Json(nullptr) : Json(e.code)},
+                                                         {"message", e.message},
+                                                         {"param", e.param.empty() ? Json(nullptr) : Json(e.param)}});
+    events += st->builder.event("response.failed", Json{{"response", std::move(failed_response)}});
+    return events;
   };
   sse.end = [st, final_response] {
     Json response = final_response();
