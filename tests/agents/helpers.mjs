@@ -148,7 +148,10 @@ const tail = (run) => `agent output:\n${run.agent.out.slice(-40).join('\n')}\nse
 // What every agent must show: its first generation request got a 200 stream from spill; its
 // tool ran on the scripted call and the result went back to spill in a later request, which
 // spill answered with a complete 200 reply; the agent then ended on its own with status 0.
-export function checkRoundTrip(run, { api }) {
+// `endedCleanly(run)` says whether the agent's own ending was clean when that is more than exit
+// status 0 (spill-tiny, past its training length, writes until the reply's token ceiling, which an
+// agent may report as an error of the model rather than of the protocol).
+export function checkRoundTrip(run, { api, endedCleanly = (r) => r.agent.code === 0 }) {
   const gen = run.records.filter((r) => r.method === 'POST' && isGeneration(r.path));
   assert.ok(gen.length >= 2, `expected at least two generation requests, got ${gen.length}: ${run.records.map((r) => `${r.method} ${r.path} ${r.status}`).join('; ')}\n${tail(run)}`);
   const first = gen[0];
@@ -166,7 +169,7 @@ export function checkRoundTrip(run, { api }) {
   const back = withResult[0];
   assert.equal(back.status, 200, `spill answered the tool-result turn with ${back.status}: ${back.text.slice(0, 500)}\n${tail(run)}`);
   assert.ok(complete(back), `the tool-result reply ends with ${ended}: events ${r2s(back.events)}`);
-  assert.equal(run.agent.code, 0, `the agent exited with ${run.agent.code} (${run.agent.signal ?? 'no signal'})\n${tail(run)}`);
+  assert.ok(endedCleanly(run), `the agent did not end cleanly: exit ${run.agent.code} (${run.agent.signal ?? 'no signal'})\n${tail(run)}`);
   return { first, scripted, back, gen };
 }
 
