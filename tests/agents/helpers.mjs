@@ -157,8 +157,8 @@ export function checkRoundTrip(run, { api, endedCleanly = (r) => r.agent.code ==
   const first = gen[0];
   assert.equal(first.status, 200, `first request ${first.path}: ${first.status} ${first.text.slice(0, 500)}\n${tail(run)}`);
   if (first.body?.stream) assert.match(first.contentType ?? '', /text\/event-stream/, `first request streams: ${first.contentType}`);
-  const ended = { anthropic: 'message_stop', responses: 'response.completed', chat: '[DONE]' }[api];
-  const complete = (r) => r.events.includes(ended) || (!r.body?.stream && r.status === 200);
+  const ended = { anthropic: ['message_stop'], responses: ['response.completed', 'response.incomplete'], chat: ['[DONE]'] }[api];
+  const complete = (r) => ended.some((e) => r.events.includes(e)) || (!r.body?.stream && r.status === 200);
   assert.ok(complete(first), `first reply ends with ${ended}: events ${r2s(first.events)}\n${tail(run)}`);
 
   const scripted = gen.find((r) => r.scripted);

@@ -147,7 +147,7 @@ export function startProxy(target, { port = 0, logFile, scriptToolCallFile } = {
         if (!call) res.writeHead(upRes.statusCode, upRes.headers);
         upRes.on('data', (c) => {
           if (!call) res.write(c);
-          if (rec.text.length < 1 << 20) rec.text += c.toString('utf8');
+          if (rec.text.length < 1 << 24) rec.text += c.toString('utf8');
         });
         upRes.on('end', () => {
           finish();
