@@ -23,7 +23,7 @@ const VERBOSE = process.env.SPILL_AGENT_VERBOSE === '1';
 // config says 2048, so the context is raised the way a user would (the tiny model's text past its
 // training length is noise, which is fine: the test checks the protocol, not the prose).
 export const CONTEXT = 32768;
-export const AGENT_TIMEOUT_MS = 420_000;
+export const AGENT_TIMEOUT_MS = 540_000;
 // A server-side ceiling on each reply (spill serve --max-tokens), as an operator would set for a
 // small model: some agents send no max_tokens and spill-tiny would fill the context.
 export const REPLY_TOKENS = 48;

@@ -18,7 +18,11 @@ test('Qwen Code: first request streams, a tool_calls / tool turn round-trips', {
     files: {
       '.qwen/settings.json': JSON.stringify({
         security: { auth: { selectedType: 'openai' } },
-        model: { name: model, sessionTokenLimit: CONTEXT },
+        // Qwen Code gives up on a request after 120 s by default and retries it; a CPU prefill of
+        // its 16K-token prompt takes longer, so the request timeout is raised as a user would.
+        model: { name: model, sessionTokenLimit: CONTEXT, generationConfig: { timeout: 600_000 } },
+        // Only the tool the test uses, so the CPU prefill of its prompt stays short.
+        tools: { core: ['read_file'] },
         privacy: { usageStatisticsEnabled: false },
         telemetry: { enabled: false },
         general: { disableAutoUpdate: true, disableUpdateNag: true },
