@@ -152,7 +152,8 @@ TEST(ServerAnthropic, Validation) {
   expect_400([] { parse(R"({"messages": [{"role": "user", "content": "x"}]})"); }, "max_tokens");
   expect_400([] { parse(R"({"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]})"); }, "max_tokens");
   expect_400([] { parse(R"({"max_tokens": 5, "messages": []})"); }, "messages");
-  expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})"); }, "messages[0].role");
+  // "system" inside messages is accepted (SystemMessagesInsideMessages); unknown roles are not.
+  expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]})"); }, "messages[0].role");
   expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5})"); },
              "temperature");
   expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "top_k": -1})"); }, "top_k");
