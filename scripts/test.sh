@@ -11,3 +11,8 @@ ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)"
 if [ -d tests/server ]; then
   tests/server/run.sh "$BUILD/spill"
 fi
+# Real coding agents from npm, each in a loopback-only network namespace (skips, saying why,
+# without root or ip netns). SPILL_SKIP_AGENT_TESTS=1 leaves them out.
+if [ -d tests/agents ] && [ "${SPILL_SKIP_AGENT_TESTS:-0}" != 1 ]; then
+  tests/agents/run.sh "$BUILD/spill"
+fi

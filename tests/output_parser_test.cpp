@@ -153,6 +153,20 @@ TEST(OutputParser, InvalidJsonInToolCallIsReturnedAsText) {
                {.content = "<tool_call>{\"name\": \"a\", \"arguments\": 5}</tool_call>"});
 }
 
+TEST(OutputParser, UnparsedToolCallsAreRecordedForTheLog) {
+  OutputParser parser(kAll);
+  std::vector<OutputPiece> pieces = parser.push("<tool_call>{\"name\": \"a\"}</tool_call> <tool_call>not json</tool_call>");
+  for (OutputPiece& p : parser.finish()) pieces.push_back(std::move(p));
+  EXPECT_EQ(parser.n_tool_calls(), 1);
+  ASSERT_EQ(parser.unparsed_tool_calls().size(), 1u);
+  EXPECT_EQ(parser.unparsed_tool_calls()[0], "not json");
+  // A huge bad body is kept only as an excerpt.
+  OutputParser big(kAll);
+  (void)big.push("<tool_call>" + std::string(1000, 'x') + "</tool_call>");
+  ASSERT_EQ(big.unparsed_tool_calls().size(), 1u);
+  EXPECT_EQ(big.unparsed_tool_calls()[0].size(), OutputParser::kUnparsedExcerptBytes);
+}
+
 TEST(OutputParser, InvalidCallBetweenValidCalls) {
   expect_split(kAll,
                "<tool_call>{\"name\":\"a\"}</tool_call>\n<tool_call>nope</tool_call>\n<tool_call>{\"name\":\"b\"}</tool_call>",

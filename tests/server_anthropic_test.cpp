@@ -70,6 +70,25 @@ TEST(ServerAnthropic, SystemPromptAsStringOrBlocks) {
   EXPECT_EQ(r.chat.messages[0]["content"], "a\nb");
 }
 
+TEST(ServerAnthropic, SystemMessagesInsideMessages) {
+  // Claude Code sends {"role": "system"} inside messages: leading ones join the system prompt,
+  // later ones stay in place as system turns.
+  auto r = parse(R"({"max_tokens": 8, "system": "base", "messages": [
+      {"role": "system", "content": "extra"},
+      {"role": "user", "content": "hi"},
+      {"role": "assistant", "content": "hello"},
+      {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
+      {"role": "user", "content": "go on"}]})");
+  ASSERT_EQ(r.chat.messages.size(), 5u);
+  EXPECT_EQ(r.chat.messages[0], Json({{"role", "system"}, {"content", "base\n\nextra"}}));
+  EXPECT_EQ(r.chat.messages[1]["role"], "user");
+  EXPECT_EQ(r.chat.messages[3], Json({{"role", "system"}, {"content", "reminder"}}));
+  // Without a system field, the first system message is the system prompt.
+  r = parse(R"({"max_tokens": 8, "messages": [{"role": "system", "content": "only"}, {"role": "user", "content": "hi"}]})");
+  EXPECT_EQ(r.chat.messages[0], Json({{"role", "system"}, {"content", "only"}}));
+  expect_400([] { parse(R"({"max_tokens": 8, "messages": [{"role": "robot", "content": "x"}]})"); }, "messages[0].role");
+}
+
 TEST(ServerAnthropic, ToolUseAndToolResultBecomeToolCallsAndToolMessages) {
   const auto r = parse(R"({"max_tokens": 100,
     "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
@@ -133,7 +152,8 @@ TEST(ServerAnthropic, Validation) {
   expect_400([] { parse(R"({"messages": [{"role": "user", "content": "x"}]})"); }, "max_tokens");
   expect_400([] { parse(R"({"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]})"); }, "max_tokens");
   expect_400([] { parse(R"({"max_tokens": 5, "messages": []})"); }, "messages");
-  expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})"); }, "messages[0].role");
+  // "system" inside messages is accepted (SystemMessagesInsideMessages); unknown roles are not.
+  expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]})"); }, "messages[0].role");
   expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5})"); },
              "temperature");
   expect_400([] { parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "top_k": -1})"); }, "top_k");

@@ -4,14 +4,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "engine/generation_config.h"
 #include "engine/model_bundle.h"
 #include "engine/sampler.h"
 #include "model/model.h"
@@ -31,24 +30,26 @@ struct GenerateArgs {
   int threads = 0;
   bool ignore_eos = false;
   bool quiet = false;
-  SamplingParams sampling;
-  bool temperature_given = false;
+  SamplingParams sampling;  // the model's defaults with the flags given on top
 };
 
-// Sampling defaults the model ships with (generation_config.json, or a GGUF's general.sampling.*),
-// as transformers applies them; flags given on the command line win.
-void apply_sampling_defaults(const SamplingDefaults& d, GenerateArgs& a) {
-  if (a.temperature_given) return;
-  if (d.greedy) {
-    a.sampling.temperature = 0;
-    return;
+// The sampling flags as given; each one set overrides the model's own defaults
+// (generation_config.json, or a GGUF's general.sampling.*).
+struct SamplingFlags {
+  SamplingParams values;
+  std::vector<std::pair<CLI::Option*, void (*)(SamplingParams&, const SamplingParams&)>> options;
+  void apply(SamplingParams& to) const {
+    for (const auto& [option, copy] : options)
+      if (option->count() > 0) copy(to, values);
   }
-  if (d.temperature) a.sampling.temperature = *d.temperature;
-  if (d.top_p) a.sampling.top_p = *d.top_p;
-  if (d.top_k) a.sampling.top_k = *d.top_k;
-}
+  bool given(const char* name) const {
+    for (const auto& [option, copy] : options)
+      if (option->count() > 0 && option->check_name(name)) return true;
+    return false;
+  }
+};
 
-void run_generate(GenerateArgs a) {
+void run_generate(GenerateArgs a, const SamplingFlags& flags) {
   using clock = std::chrono::steady_clock;
   const std::string dir = a.model.dir();
   if (a.max_tokens < 0) fail("-n must be >= 0, got {}", a.max_tokens);
@@ -60,8 +61,9 @@ void run_generate(GenerateArgs a) {
   ModelBundle bundle;
   if (a.model.synthetic.empty()) bundle = open_model_bundle(dir, /*require_tokenizer=*/!ids_only);
   else bundle.model = open_synthetic_model(a.model, a.threads, a.quiet, /*fill=*/true);
-  apply_sampling_defaults(bundle.sampling, a);
-  if (a.print_ids && !a.temperature_given) a.sampling.temperature = 0;  // ids for comparison: greedy
+  a.sampling = bundle.sampling;
+  flags.apply(a.sampling);
+  if (a.print_ids && !flags.given("--temperature")) a.sampling.temperature = 0;  // ids for comparison: greedy
   a.sampling.validate();
   std::optional<Tokenizer> tokenizer = std::move(bundle.tokenizer);
   if (ids_only) tokenizer.reset();
@@ -136,23 +138,31 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--prompt-ids", a->prompt_ids, "the prompt as comma-separated token ids (instead of --prompt)");
   cmd->add_flag("--print-ids", a->print_ids, "print the generated token ids, comma-separated, instead of text (greedy unless --temperature is given)");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
-  auto* temp = cmd->add_option("--temperature,-t", a->sampling.temperature,
-                               "0 = greedy (default: the model's generation_config.json, else 1)");
-  cmd->add_option("--top-k", a->sampling.top_k, "keep the k most likely tokens (0 = off)");
-  cmd->add_option("--top-p", a->sampling.top_p, "nucleus sampling threshold (1 = off)");
-  cmd->add_option("--min-p", a->sampling.min_p, "drop tokens below min_p x the top probability (0 = off)");
-  cmd->add_option("--repetition-penalty", a->sampling.repetition_penalty, "1 = off");
-  cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "0 = off");
-  cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "0 = off");
-  cmd->add_option("--seed", a->sampling.seed, "random seed: the same seed gives the same text");
+  auto flags = std::make_shared<SamplingFlags>();
+  SamplingParams& v = flags->values;
+  auto flag = [&](CLI::Option* option, void (*copy)(SamplingParams&, const SamplingParams&)) {
+    flags->options.emplace_back(option, copy);
+  };
+  flag(cmd->add_option("--temperature,-t", v.temperature, "0 = greedy (default: the model's generation_config.json, else 1)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.temperature = from.temperature; });
+  flag(cmd->add_option("--top-k", v.top_k, "keep the k most likely tokens (0 = off)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.top_k = from.top_k; });
+  flag(cmd->add_option("--top-p", v.top_p, "nucleus sampling threshold (1 = off)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.top_p = from.top_p; });
+  flag(cmd->add_option("--min-p", v.min_p, "drop tokens below min_p x the top probability (0 = off)"),
+       [](SamplingParams& to, const SamplingParams& from) { to.min_p = from.min_p; });
+  flag(cmd->add_option("--repetition-penalty", v.repetition_penalty, "1 = off"),
+       [](SamplingParams& to, const SamplingParams& from) { to.repetition_penalty = from.repetition_penalty; });
+  flag(cmd->add_option("--presence-penalty", v.presence_penalty, "0 = off"),
+       [](SamplingParams& to, const SamplingParams& from) { to.presence_penalty = from.presence_penalty; });
+  flag(cmd->add_option("--frequency-penalty", v.frequency_penalty, "0 = off"),
+       [](SamplingParams& to, const SamplingParams& from) { to.frequency_penalty = from.frequency_penalty; });
+  flag(cmd->add_option("--seed", v.seed, "random seed: the same seed gives the same text"),
+       [](SamplingParams& to, const SamplingParams& from) { to.seed = from.seed; });
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--quiet,-q", a->quiet, "no timing line on stderr");
-  cmd->callback([a, temp] {
-    GenerateArgs args = *a;
-    args.temperature_given = temp->count() > 0;
-    run_generate(args);
-  });
+  cmd->callback([a, flags] { run_generate(*a, *flags); });
 }
 
 }  // namespace spill::cli

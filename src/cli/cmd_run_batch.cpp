@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/generation_config.h"
 
 namespace spill::cli {
 
@@ -24,47 +25,17 @@ struct RunBatchArgs {
   std::string model, prompts, output;
   std::string quant, imatrix;
   int64_t kv_blocks = 0;
-  std::string kv_mem;
+  int64_t kv_mem = 0;
   int32_t block_size = 16;
   int32_t max_seqs = 64;
   int64_t max_batch_tokens = 2048;
   int64_t max_model_len = 0;
   int threads = 0;
   int64_t max_tokens = 128;
-  float temperature = 1.0f;
+  std::optional<float> temperature;  // --temperature; none: the model's generation_config.json
+  SamplingParams defaults;           // the model's sampling defaults, with --temperature on top
   bool no_prefix_caching = false;
 };
-
-// "123", "64K", "512M", "2G", "2GiB", "1.5G": powers of 1024 (as memory sizes go).
-int64_t parse_bytes(const std::string& text) {
-  size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (const std::exception&) {
-    fail("--kv-mem '{}' is not a size; write bytes, or a number with K, M, G or T (e.g. 512M, 4G)", text);
-  }
-  std::string unit = text.substr(pos);
-  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return char(std::toupper(c)); });
-  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
-  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
-  double scale = 1;
-  if (unit.empty() || unit == "B")
-    scale = 1;
-  else if (unit == "K")
-    scale = 1024.0;
-  else if (unit == "M")
-    scale = 1024.0 * 1024;
-  else if (unit == "G")
-    scale = 1024.0 * 1024 * 1024;
-  else if (unit == "T")
-    scale = 1024.0 * 1024 * 1024 * 1024;
-  else
-    fail("--kv-mem '{}': unknown unit '{}' (use K, M, G or T)", text, text.substr(pos));
-  if (!(value > 0)) fail("--kv-mem must be positive, got '{}'", text);
-  return int64_t(value * scale);
-}
 
 // One input line, parsed. Errors name the file, the line and the field.
 struct BatchItem {
@@ -151,7 +122,8 @@ BatchItem parse_line(const std::string& text, size_t line_no, const std::string&
     r.prompt = f.ids("prompt_ids");
   }
   r.max_tokens = f.has("max_tokens") ? f.integer("max_tokens") : a.max_tokens;
-  r.sampling.temperature = f.has("temperature") ? float(f.number("temperature")) : a.temperature;
+  r.sampling = a.defaults;
+  if (f.has("temperature")) r.sampling.temperature = float(f.number("temperature"));
   if (f.has("top_p")) r.sampling.top_p = float(f.number("top_p"));
   if (f.has("top_k")) r.sampling.top_k = int32_t(f.integer("top_k"));
   if (f.has("min_p")) r.sampling.min_p = float(f.number("min_p"));
@@ -193,12 +165,14 @@ ordered_json logprobs_json(const std::vector<SampledToken>& lps) {
   return out;
 }
 
-void run_batch(const RunBatchArgs& a) {
+void run_batch(RunBatchArgs a) {
   const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-  if (a.kv_blocks > 0 && !a.kv_mem.empty()) fail("give the KV cache size once: --kv-blocks or --kv-mem, not both");
+  if (a.kv_blocks > 0 && a.kv_mem > 0) fail("give the KV cache size once: --kv-blocks or --kv-mem, not both");
+  a.defaults = load_sampling_defaults(dir);
+  if (a.temperature) a.defaults.temperature = *a.temperature;
   CpuEngineOptions options{
       .model_dir = dir,
-      .kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem.empty() ? 0 : parse_bytes(a.kv_mem)},
+      .kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem},
       .threads = a.threads,
       .quant = a.quant,
       .imatrix = a.imatrix};
@@ -325,8 +299,7 @@ void add_run_batch_command(CLI::App& app) {
       ->required();
   cmd->add_option("--output,-o", a->output, "write the results here instead of stdout");
   auto* blocks = cmd->add_option("--kv-blocks", a->kv_blocks, "KV cache size in blocks");
-  cmd->add_option("--kv-mem", a->kv_mem, "KV cache size in bytes (K, M, G suffixes), instead of --kv-blocks")
-      ->excludes(blocks);
+  add_size_option(cmd, "--kv-mem", a->kv_mem, "KV cache size, instead of --kv-blocks")->excludes(blocks);
   cmd->add_option("--block-size", a->block_size, "tokens per KV block")->capture_default_str();
   cmd->add_option("--max-seqs", a->max_seqs, "most sequences running at once")->capture_default_str();
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "token budget per step (prefill chunks + decodes)")
@@ -334,8 +307,8 @@ void add_run_batch_command(CLI::App& app) {
   cmd->add_option("--max-model-len", a->max_model_len,
                   "longest prompt + output (default: the model's context, capped by the KV cache)");
   cmd->add_option("--max-tokens", a->max_tokens, "max_tokens for lines that do not say")->capture_default_str();
-  cmd->add_option("--temperature", a->temperature, "temperature for lines that do not say (0 = greedy)")
-      ->capture_default_str();
+  cmd->add_option("--temperature", a->temperature,
+                  "temperature for lines that do not say (0 = greedy; default: the model's generation_config.json)");
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "do not share KV blocks between requests");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   cmd->callback([a] { run_batch(*a); });

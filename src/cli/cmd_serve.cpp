@@ -1,5 +1,4 @@
 // spill serve: the OpenAI- and Anthropic-compatible HTTP server.
-#include <cctype>
 #include <memory>
 #include <string>
 
@@ -9,42 +8,10 @@
 
 namespace spill::cli {
 
-namespace {
-
-// "8589934592", "8G", "512MiB", "1.5GB" -> bytes (binary units: K = 1024).
-int64_t parse_bytes(const std::string& text, const char* flag) {
-  size_t end = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &end);
-  } catch (const std::exception&) {
-    fail("{} must be a size in bytes such as 8589934592, 8G or 512M, got \"{}\"", flag, text);
-  }
-  std::string unit = text.substr(end);
-  for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.ends_with("IB")) unit.erase(unit.size() - 2);
-  else if (unit.ends_with("B")) unit.pop_back();
-  double scale = 1;
-  if (unit == "K") scale = 1024.0;
-  else if (unit == "M") scale = 1024.0 * 1024;
-  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty()) fail("{}: unknown unit \"{}\" in \"{}\"; use K, M, G or T", flag, unit, text);
-  if (!(value > 0)) fail("{} must be positive, got \"{}\"", flag, text);
-  return int64_t(value * scale);
-}
-
-struct ServeArgs {
-  server::ServerOptions options;
-  std::string kv_mem;
-};
-
-}  // namespace
-
 void add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server (see docs/API.md)");
-  auto a = std::make_shared<ServeArgs>();
-  server::ServerOptions& o = a->options;
+  auto a = std::make_shared<server::ServerOptions>();
+  server::ServerOptions& o = *a;
   cmd->add_option("--model", o.model_dir, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
   cmd->add_option("--quant", o.quant, "quantize the weights at load (see spill info --help, docs/QUANT.md)");
   cmd->add_option("--imatrix", o.imatrix, "importance matrix for --quant (llama.cpp legacy imatrix.dat)");
@@ -59,7 +26,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-waiting", o.max_waiting, "requests queued before new ones get 503 (default: the engine's)");
   cmd->add_option("--max-model-len", o.max_model_len,
                   "longest prompt + output in tokens (default: the model's context, capped by the KV cache)");
-  cmd->add_option("--kv-mem", a->kv_mem, "KV cache size in bytes, e.g. 8G (default: 4 full contexts, at most 2 GiB)");
+  add_size_option(cmd, "--kv-mem", o.kv_mem_bytes, "KV cache size (default: 4 full contexts, at most 2 GiB)");
   cmd->add_option("--threads", o.threads, "CPU threads for the model (default: all)");
   cmd->add_option("--max-body-bytes", o.max_body_bytes, "largest request body accepted; larger ones get 413")
       ->capture_default_str();
@@ -72,10 +39,18 @@ void add_serve_command(CLI::App& app) {
                   "--profile FILE reads it)");
   cmd->add_option("--record-profile-interval", o.record_profile_interval_s, "seconds between rewrites of the profile")
       ->capture_default_str();
+  cmd->add_flag("--strict-max-tokens", o.strict_max_tokens,
+                "refuse (400) a max_tokens larger than the room the prompt leaves, instead of clamping it to that room");
+  cmd->add_option("--max-tokens", o.max_tokens_cap,
+                  "most tokens one reply may generate, whatever the request asks (0: up to the end of the context)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--responses-store", o.responses_store,
+                  "how many /v1/responses to keep for previous_response_id and GET /v1/responses/ID (0: none)")
+      ->capture_default_str();
   cmd->callback([a] {
-    server::ServerOptions options = a->options;
+    server::ServerOptions options = *a;
     if (options.model_dir.empty()) options.model_dir = default_model_dir();
-    if (!a->kv_mem.empty()) options.kv_mem_bytes = parse_bytes(a->kv_mem, "--kv-mem");
     if (options.max_seqs < 0) fail("--max-seqs must be positive, got {}", options.max_seqs);
     if (options.max_model_len < 0) fail("--max-model-len must be positive, got {}", options.max_model_len);
     const int code = server::serve(options);

@@ -19,6 +19,10 @@ void add_plan_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_topo_command(CLI::App& app);
 
+// A byte-size flag: a count of bytes, or a whole number with a binary unit (512M, 8G, 8GiB,
+// 1T; K = 1024). Zero and negative sizes are refused. One parser for every command.
+CLI::Option* add_size_option(CLI::App* cmd, const std::string& name, int64_t& bytes, const std::string& help);
+
 // The model folder used when --model is not given: models/spill-tiny next to the installed
 // executable or in the source tree it was built from.
 std::string default_model_dir();

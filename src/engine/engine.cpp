@@ -262,8 +262,8 @@ RequestStream Engine::submit(GenerationRequest request) {
     EngineInbox& in = *im.inbox;
     if (in.stopped) {
       ++in.rejected_count;
-      fail("engine: stopped{}; no new requests are accepted",
-           in.stopped_why.empty() ? "" : " (" + in.stopped_why + ")");
+      throw EngineStoppedError(fmt::format("engine: stopped{}; no new requests are accepted",
+                                           in.stopped_why.empty() ? "" : " (" + in.stopped_why + ")"));
     }
     const int64_t queued = int64_t(in.submitted.size()) + in.engine_waiting;
     if (queued >= im.config.max_waiting) {

@@ -30,6 +30,13 @@ class QueueFullError : public Error {
   using Error::Error;
 };
 
+// submit() refuses a request because the engine has stopped (its thread failed or it is shutting
+// down): the server's fault, not the request's (HTTP 503).
+class EngineStoppedError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct EngineConfig {
   SchedulerParams scheduler{};  // max running sequences, token budget per step
   int64_t max_waiting = 1024;   // requests queued but not running; submit() fails beyond
@@ -89,7 +96,7 @@ class Engine {
   // Thread-safe; never waits for a step. Checks the request (prompt not empty, ids in the
   // vocabulary, fits max_model_len, sampling parameters, stop strings need a tokenizer) and
   // queues it. Throws spill::Error saying what is wrong, QueueFullError when max_waiting
-  // requests are already queued, spill::Error when the engine has stopped.
+  // requests are already queued, EngineStoppedError when the engine has stopped.
   RequestStream submit(GenerationRequest request);
 
   EngineMetrics metrics() const;  // thread-safe

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/generation_config.h"
 #include "formats/gguf.h"
 
 namespace spill {
@@ -30,28 +31,6 @@ int32_t token_id_key(const gguf::Metadata& md, const char* key, size_t n_tokens)
   if (id < 0 || uint64_t(id) >= n_tokens)
     fail("{}: {} = {} is not a token id (the vocabulary has {} tokens)", md.where(), key, id, n_tokens);
   return int32_t(id);
-}
-
-SamplingDefaults folder_sampling_defaults(const std::string& dir) {
-  SamplingDefaults d;
-  const fs::path path = fs::path(dir) / "generation_config.json";
-  if (!fs::exists(path)) return d;
-  nlohmann::json g;
-  try {
-    std::ifstream in(path);
-    g = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
-  if (!g.is_object()) return d;
-  if (!g.value("do_sample", false)) {
-    d.greedy = true;
-    return d;
-  }
-  if (g.contains("temperature") && g["temperature"].is_number()) d.temperature = g["temperature"].get<float>();
-  if (g.contains("top_p") && g["top_p"].is_number()) d.top_p = g["top_p"].get<float>();
-  if (g.contains("top_k") && g["top_k"].is_number_integer()) d.top_k = g["top_k"].get<int32_t>();
-  return d;
 }
 
 }  // namespace
@@ -101,14 +80,6 @@ ChatTemplate gguf_chat_template(const gguf::GgufFile& file) {
   return ChatTemplate::from_templates(templates, special, file.path());
 }
 
-SamplingDefaults gguf_sampling_defaults(const gguf::Metadata& md) {
-  SamplingDefaults d;
-  if (md.has("general.sampling.temp")) d.temperature = float(md.number("general.sampling.temp"));
-  if (md.has("general.sampling.top_p")) d.top_p = float(md.number("general.sampling.top_p"));
-  if (md.has("general.sampling.top_k")) d.top_k = int32_t(md.integer("general.sampling.top_k"));
-  return d;
-}
-
 ModelBundle open_model_bundle(const std::string& path, bool require_tokenizer) {
   ModelBundle b;
   if (is_gguf_model_path(path)) {
@@ -118,7 +89,7 @@ ModelBundle open_model_bundle(const std::string& path, bool require_tokenizer) {
     if (b.tokenizer->vocab_size() > spec.vocab_size)
       fail("{}: the tokenizer has {} tokens but token_embd.weight only {} rows", path, b.tokenizer->vocab_size(),
            spec.vocab_size);
-    b.sampling = gguf_sampling_defaults(file->metadata());
+    b.sampling = sampling_defaults_from_gguf(file->metadata());
     auto source = open_gguf_source(file, spec);
     b.model = Model::from_source(std::move(spec), std::move(source));
     return b;
@@ -130,13 +101,8 @@ ModelBundle open_model_bundle(const std::string& path, bool require_tokenizer) {
   } else if (require_tokenizer) {
     fail("{}: no tokenizer.json; it is needed to turn text into tokens (give token ids instead of text)", path);
   }
-  b.sampling = folder_sampling_defaults(path);
+  b.sampling = load_sampling_defaults(path);
   return b;
-}
-
-SamplingDefaults open_sampling_defaults(const std::string& path) {
-  if (is_gguf_model_path(path)) return gguf_sampling_defaults(gguf::GgufFile::open(path)->metadata());
-  return folder_sampling_defaults(path);
 }
 
 ChatTemplate open_chat_template(const std::string& path) {

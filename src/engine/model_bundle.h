@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/sampler.h"
 #include "model/model.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -18,18 +19,10 @@ class GgufFile;
 class Metadata;
 }  // namespace gguf
 
-// Sampling defaults a model ships with (generation_config.json with do_sample, or a GGUF's
-// general.sampling.*); unset fields leave the caller's defaults.
-struct SamplingDefaults {
-  bool greedy = false;  // generation_config.json says do_sample = false
-  std::optional<float> temperature, top_p;
-  std::optional<int32_t> top_k;
-};
-
 struct ModelBundle {
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;  // absent only for a folder without tokenizer.json
-  SamplingDefaults sampling;
+  SamplingParams sampling;  // the model's own defaults (engine/generation_config)
 };
 
 // Loads model and tokenizer; with `require_tokenizer`, a folder without tokenizer.json is an
@@ -50,8 +43,5 @@ std::string chat_template_sources(const std::string& path);
 // byte-level BPE ("gpt2"), naming the one found.
 Tokenizer gguf_tokenizer(const gguf::GgufFile& file);
 ChatTemplate gguf_chat_template(const gguf::GgufFile& file);
-SamplingDefaults gguf_sampling_defaults(const gguf::Metadata& md);
-// The sampling defaults of a folder (generation_config.json) or a GGUF file, without loading weights.
-SamplingDefaults open_sampling_defaults(const std::string& path);
 
 }  // namespace spill

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace spill::server {
@@ -185,12 +186,26 @@ MessagesRequest parse_common(const Json& body, bool need_max_tokens) {
     const std::string p = fmt::format("messages[{}]", i);
     if (!m.is_object()) invalid_field(p, "must be an object with \"role\" and \"content\"");
     const auto role = read_string(m, "role", p + ".role");
-    if (!role || (*role != "user" && *role != "assistant"))
-      invalid_field(p + ".role", "must be \"user\" or \"assistant\"");
+    if (!role || (*role != "user" && *role != "assistant" && *role != "system"))
+      invalid_field(p + ".role", "must be \"user\", \"assistant\" or \"system\"");
     const Json* content = find_field(m, "content");
     if (!content) invalid_field(p + ".content", "is required");
     const bool last = i + 1 == messages->size();
-    if (*role == "user") {
+    if (*role == "system") {
+      // Claude Code sends system messages inside `messages` (the API accepts them). Those before
+      // the first turn join the system prompt (templates expect it first); later ones stay where
+      // they are, as system turns.
+      const std::string text = blocks_text(*content, p + ".content");
+      if (text.empty()) continue;
+      const bool leading = std::all_of(chat.messages.begin(), chat.messages.end(),
+                                       [](const Json& msg) { return msg["role"] == "system"; });
+      if (leading && !chat.messages.empty()) {
+        Json& system_msg = chat.messages.front();
+        system_msg["content"] = system_msg["content"].get<std::string>() + "\n\n" + text;
+      } else {
+        chat.messages.push_back(Json{{"role", "system"}, {"content", text}});
+      }
+    } else if (*role == "user") {
       convert_user_message(*content, p + ".content", chat.messages);
     } else {
       Json msg = convert_assistant_message(*content, p + ".content");

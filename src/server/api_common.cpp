@@ -3,13 +3,11 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <random>
 
 #include "core/error.h"
-#include "engine/model_bundle.h"
+#include "engine/generation_config.h"
 
 namespace spill::server {
 
@@ -202,50 +200,11 @@ std::vector<std::string> read_string_or_list(const Json& obj, std::string_view n
 }
 
 GenerationDefaults GenerationDefaults::from_json(const nlohmann::json& g) {
-  GenerationDefaults d;
-  if (!g.is_object()) return d;
-  auto number = [&](const char* key) -> std::optional<float> {
-    const auto it = g.find(key);
-    if (it == g.end() || !it->is_number()) return std::nullopt;
-    return it->get<float>();
-  };
-  // transformers samples only when do_sample is true; otherwise generation is greedy and the
-  // temperature/top-p/top-k in the file are inert.
-  const auto do_sample = g.find("do_sample");
-  if (do_sample != g.end() && do_sample->is_boolean() && do_sample->get<bool>()) {
-    if (auto t = number("temperature")) d.sampling.temperature = *t;
-    if (auto p = number("top_p")) d.sampling.top_p = *p;
-    if (auto k = number("top_k")) d.sampling.top_k = int32_t(*k);
-    if (auto m = number("min_p")) d.sampling.min_p = *m;
-  } else {
-    d.sampling.temperature = 0.0f;
-  }
-  if (auto r = number("repetition_penalty")) d.sampling.repetition_penalty = *r;
-  // A file that holds values the sampler refuses is ignored rather than breaking every request.
-  try {
-    d.sampling.validate();
-  } catch (const spill::Error&) {
-    d.sampling = SamplingParams{};
-  }
-  return d;
+  return GenerationDefaults{.sampling = sampling_defaults_from_json(g)};
 }
 
 GenerationDefaults GenerationDefaults::load(const std::string& model_dir) {
-  if (is_gguf_model_path(model_dir)) {  // general.sampling.* in the file, as llama.cpp reads them
-    const SamplingDefaults d = open_sampling_defaults(model_dir);
-    if (!d.temperature && !d.top_p && !d.top_k) return {};
-    nlohmann::json g = {{"do_sample", true}};
-    if (d.temperature) g["temperature"] = *d.temperature;
-    if (d.top_p) g["top_p"] = *d.top_p;
-    if (d.top_k) g["top_k"] = *d.top_k;
-    return from_json(g);
-  }
-  const auto path = std::filesystem::path(model_dir) / "generation_config.json";
-  if (!std::filesystem::exists(path)) return {};
-  std::ifstream in(path);
-  nlohmann::json g = nlohmann::json::parse(in, nullptr, false);
-  if (g.is_discarded()) fail("{}: not valid JSON; fix or remove the file", path.string());
-  return from_json(g);
+  return GenerationDefaults{.sampling = load_sampling_defaults(model_dir)};
 }
 
 SamplingParams resolve_sampling(const GenerationOptions& options, const GenerationDefaults& defaults) {

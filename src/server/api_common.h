@@ -69,6 +69,7 @@ struct SamplingOverrides {
 };
 
 // The model's own defaults (generation_config.json): what "temperature omitted" means.
+// Read by engine/generation_config.h, the reader `spill generate` and `run-batch` use too.
 struct GenerationDefaults {
   SamplingParams sampling;  // temperature 0 when do_sample is false, as transformers does
   // Reads <dir>/generation_config.json; a missing file gives SamplingParams' defaults.

@@ -35,6 +35,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/output_parser.h"
+#include "server/responses_api.h"
 #include "text/tokenizer.h"
 
 namespace spill::server {
@@ -140,7 +141,10 @@ std::vector<ChoiceTiming> make_timings(const std::vector<int64_t>& prompt_tokens
 
 class HttpServer {
  public:
-  explicit HttpServer(const ServerOptions& options) : options_(options), model_name_(served_name(options)) {}
+  explicit HttpServer(const ServerOptions& options)
+      : options_(options),
+        model_name_(served_name(options)),
+        responses_(options.responses_store, kResponsesStoreBytes) {}
 
   int run();
   // From any thread, before, during or after listen(): listen() then returns promptly.
@@ -174,12 +178,17 @@ class HttpServer {
   void handle_completions(const httplib::Request& req, httplib::Response& res);
   void handle_messages(const httplib::Request& req, httplib::Response& res);
   void handle_count_tokens(const httplib::Request& req, httplib::Response& res);
+  void handle_responses(const httplib::Request& req, httplib::Response& res);
 
   // Prompt helpers.
   RenderedPrompt render_chat(const ChatInput& chat, const std::string& prefill = "") const;
   std::vector<int32_t> tokenize_prompt(const std::string& text, bool add_special) const;
-  void check_context(int64_t prompt_tokens, std::optional<int64_t> max_tokens, const char* param) const;
-  GenerationRequest make_request(std::vector<int32_t> prompt, const GenerationOptions& gen, int32_t choice_index) const;
+  // Checks that the prompt fits the context (400 naming both numbers when it does not) and
+  // returns the max_tokens to generate with: the client's, clamped to the room the prompt
+  // leaves (or refused with 400 under --strict-max-tokens).
+  std::optional<int64_t> fit_context(int64_t prompt_tokens, std::optional<int64_t> max_tokens, const char* param) const;
+  GenerationRequest make_request(std::vector<int32_t> prompt, const GenerationOptions& gen, int32_t choice_index,
+                                 std::optional<int64_t> max_tokens) const;
   // The template's own end-of-turn markers, as stop strings and (when they are tokens) stop ids.
   void add_template_stops(GenerationRequest& request, const RenderedPrompt& prompt) const;
   std::vector<RequestStream> submit_all(std::vector<GenerationRequest> requests);
@@ -196,15 +205,21 @@ class HttpServer {
                   const std::function<bool(size_t, RequestOutput&)>& on_output, const std::function<bool()>& on_idle,
                   const Clock::time_point* last_sent, std::optional<Clock::time_point> deadline = std::nullopt);
   void record_aborted(const std::vector<RequestStream>& streams, const std::vector<ChoiceTiming>& timings);
-  // The end of an OpenAI SSE response, shared by chat and text completions: pump the streams
-  // (pinging while quiet), then the usage chunk when one was asked for, then [DONE]. A request
-  // that fails after streaming began gets a `data: {"error": ...}` line. Returns false when the
-  // client is gone.
-  bool run_openai_stream(std::vector<RequestStream>& streams, std::vector<ChoiceTiming>& timings,
-                         const std::function<bool(size_t, RequestOutput&)>& on_output,
-                         const std::function<bool(const std::string&)>& write, const Clock::time_point* last_sent,
-                         httplib::DataSink& sink, const std::function<std::optional<Json>()>& usage_chunk_if_asked,
-                         const std::function<UsageCounts()>& usage);
+  // A streamed (SSE) reply, whichever API: the headers, a chunked content provider that cancels
+  // the streams when the connection closes, the pump with a keep-alive event after each ping
+  // interval of silence (a long prefill), what a failure after the 200 becomes, and the ending.
+  // Each callback returns the SSE text to send ("" for nothing); on_output may throw ApiError.
+  struct SseReply {
+    std::vector<int64_t> prompt_sizes;                                              // per stream
+    std::function<std::string()> start;                                             // first events
+    std::function<std::string(size_t, RequestOutput&, const ChoiceTiming&)> on_output;
+    std::function<std::string()> keepalive;                                         // events clients count as activity
+    std::function<std::string(const ApiError&)> failure;                            // a late error, in the API's shape
+    std::function<std::string()> end;                                               // once every stream finished
+  };
+  void respond_sse(httplib::Response& res, std::vector<RequestStream> streams, SseReply reply);
+  // Logs tool-call blocks the parser could not read (returned to the client as text).
+  void log_unparsed_tool_calls(const OutputParser& parser) const;
 
   // A non-streaming reply. The generation is pumped in the handler for one ping interval: most
   // requests end by then and get a plain response with the right status. Longer ones continue
@@ -231,6 +246,8 @@ class HttpServer {
   std::optional<ChatPrompt> chat_prompt_;
   GenerationDefaults defaults_;
   ServerMetrics metrics_;
+  static constexpr size_t kResponsesStoreBytes = size_t(256) << 20;
+  ResponseStore responses_;
   httplib::Server http_;
   std::thread loader_;
 };
@@ -313,6 +330,8 @@ httplib::Server::Handler HttpServer::guarded(Access access,
       send_error(res, e, flavor);
     } catch (const QueueFullError& e) {
       send_error(res, ApiError{.status = 503, .message = e.what(), .param = "", .code = "queue_full"}, flavor);
+    } catch (const EngineStoppedError& e) {
+      send_error(res, ApiError{.status = 503, .message = e.what(), .param = "", .code = "engine_stopped"}, flavor);
     } catch (const spill::Error& e) {
       send_error(res, ApiError{.status = 400, .message = e.what(), .param = "", .code = ""}, flavor);
     } catch (const std::exception& e) {
@@ -349,6 +368,29 @@ void HttpServer::install_routes() {
   http_.Post("/v1/messages", guarded({}, [this](const httplib::Request& q, httplib::Response& r) { handle_messages(q, r); }));
   http_.Post("/v1/messages/count_tokens",
              guarded({}, [this](const httplib::Request& q, httplib::Response& r) { handle_count_tokens(q, r); }));
+  http_.Post("/v1/responses", guarded({}, [this](const httplib::Request& q, httplib::Response& r) { handle_responses(q, r); }));
+  // Stored responses (those created with store not false), retrieved or deleted by id.
+  auto stored_response_not_found = [](const std::string& id) {
+    return ApiError{.status = 404,
+                    .message = fmt::format("Response with id '{}' not found (never stored, or evicted from the store "
+                                           "of the newest --responses-store responses)",
+                                           id),
+                    .param = "response_id",
+                    .code = ""};
+  };
+  http_.Get(R"(/v1/responses/([^/]+))",
+            guarded({}, [this, stored_response_not_found](const httplib::Request& req, httplib::Response& res) {
+              const std::string id = req.matches[1].str();
+              const auto entry = responses_.get(id);
+              if (!entry) throw stored_response_not_found(id);
+              send_json(res, 200, entry->response);
+            }));
+  http_.Delete(R"(/v1/responses/([^/]+))",
+               guarded({}, [this, stored_response_not_found](const httplib::Request& req, httplib::Response& res) {
+                 const std::string id = req.matches[1].str();
+                 if (!responses_.erase(id)) throw stored_response_not_found(id);
+                 send_json(res, 200, Json{{"id", id}, {"object", "response"}, {"deleted", true}});
+               }));
 
   // Whatever httplib answers itself (404, 413, malformed requests) gets a JSON body too.
   http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
@@ -388,7 +430,8 @@ void HttpServer::install_routes() {
     std::string tokens;
     if (log.prompt_tokens >= 0) tokens = fmt::format(" prompt={} completion={}", log.prompt_tokens, std::max<int64_t>(0, log.completion_tokens));
     fmt::print(stderr, "spill: {} {} {}{} {:.0f}ms\n", req.method, req.path, res.status, tokens, seconds_since(log.start) * 1e3);
-    const bool generation = req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/messages";
+    const bool generation = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+                            req.path == "/v1/messages" || req.path == "/v1/responses";
     if (generation && res.status >= 400) metrics_.record_rejected(res.status);
     t_access_log = AccessLog{};
   });
@@ -532,11 +575,23 @@ std::vector<int32_t> HttpServer::tokenize_prompt(const std::string& text, bool a
   }
 }
 
-void HttpServer::check_context(int64_t prompt_tokens, std::optional<int64_t> max_tokens, const char* param) const {
+std::optional<int64_t> HttpServer::fit_context(int64_t prompt_tokens, std::optional<int64_t> max_tokens,
+                                               const char* param) const {
   const int64_t limit = engine_->max_model_len();
   if (prompt_tokens == 0)
     throw ApiError{.status = 400, .message = "the prompt is empty (0 tokens)", .param = param, .code = ""};
-  if (max_tokens && prompt_tokens + *max_tokens > limit)
+  if (prompt_tokens >= limit)
+    throw ApiError{.status = 400,
+                   .message = fmt::format("This model's maximum context length is {} tokens and the prompt alone is {} "
+                                          "tokens, which leaves no room for a completion. Please shorten the prompt "
+                                          "(or start the server with a larger --max-model-len).",
+                                          limit, prompt_tokens),
+                   .param = param,
+                   .code = "context_length_exceeded"};
+  const int64_t room = limit - prompt_tokens;
+  if (options_.max_tokens_cap > 0) max_tokens = std::min(max_tokens.value_or(options_.max_tokens_cap), options_.max_tokens_cap);
+  if (!max_tokens || *max_tokens <= room) return max_tokens;
+  if (options_.strict_max_tokens)
     throw ApiError{.status = 400,
                    .message = fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
                                           "tokens ({} in the prompt, {} in the completion). Please reduce the length "
@@ -544,17 +599,13 @@ void HttpServer::check_context(int64_t prompt_tokens, std::optional<int64_t> max
                                           limit, prompt_tokens + *max_tokens, prompt_tokens, *max_tokens),
                    .param = param,
                    .code = "context_length_exceeded"};
-  if (!max_tokens && prompt_tokens >= limit)
-    throw ApiError{.status = 400,
-                   .message = fmt::format("This model's maximum context length is {} tokens and the prompt alone is {} "
-                                          "tokens, which leaves no room for a completion. Please shorten the prompt.",
-                                          limit, prompt_tokens),
-                   .param = param,
-                   .code = "context_length_exceeded"};
+  // Agents send max_tokens as a ceiling (Claude Code 32000, Qwen Code 32000): generate up to the
+  // end of the context, and say "length" / "max_tokens" if it is reached.
+  return room;
 }
 
 GenerationRequest HttpServer::make_request(std::vector<int32_t> prompt, const GenerationOptions& gen,
-                                           int32_t choice_index) const {
+                                           int32_t choice_index, std::optional<int64_t> max_tokens) const {
   GenerationRequest r;
   r.prompt = std::move(prompt);
   r.sampling = resolve_sampling(gen, defaults_);
@@ -565,7 +616,7 @@ GenerationRequest HttpServer::make_request(std::vector<int32_t> prompt, const Ge
   } catch (const spill::Error& e) {
     throw ApiError{.status = 400, .message = e.what(), .param = "", .code = ""};
   }
-  r.max_tokens = gen.max_tokens;
+  r.max_tokens = max_tokens;
   r.stop = gen.stop;
   r.stop_token_ids = gen.stop_token_ids;
   r.ignore_eos = gen.ignore_eos;
@@ -746,38 +797,61 @@ OutputParser make_parser(const RenderedPrompt& prompt) {
 }
 
 const char* const kSseDone = "data: [DONE]\n\n";
-const char* const kSsePing = ": ping\n\n";
 
-void set_sse_headers(httplib::Response& res) {
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-}
+// A late failure on an OpenAI stream: the error as a data line, then the end.
+std::string openai_stream_failure(const ApiError& e) { return sse_data(openai_error_body(e)) + kSseDone; }
 
 }  // namespace
 
-bool HttpServer::run_openai_stream(std::vector<RequestStream>& streams, std::vector<ChoiceTiming>& timings,
-                                   const std::function<bool(size_t, RequestOutput&)>& on_output,
-                                   const std::function<bool(const std::string&)>& write,
-                                   const Clock::time_point* last_sent, httplib::DataSink& sink,
-                                   const std::function<std::optional<Json>()>& usage_chunk_if_asked,
-                                   const std::function<UsageCounts()>& usage) {
-  try {
-    if (pump(streams, timings, on_output, [&] { return write(kSsePing); }, last_sent) != PumpResult::Finished) {
-      record_aborted(streams, timings);
-      return false;
-    }
-  } catch (const ApiError& e) {
-    write(sse_data(openai_error_body(e)));
-    write(kSseDone);
-    sink.done();
-    return true;
-  }
-  t_access_log.completion_tokens = usage().completion_tokens;
-  if (const std::optional<Json> chunk = usage_chunk_if_asked(); chunk && !write(sse_data(*chunk))) return false;
-  if (!write(kSseDone)) return false;
-  sink.done();
-  return true;
+void HttpServer::respond_sse(httplib::Response& res, std::vector<RequestStream> streams, SseReply reply) {
+  auto shared_streams = std::make_shared<std::vector<RequestStream>>(std::move(streams));
+  auto r = std::make_shared<SseReply>(std::move(reply));
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, shared_streams, r](size_t, httplib::DataSink& sink) {
+        std::vector<RequestStream>& streams = *shared_streams;
+        std::vector<ChoiceTiming> timings = make_timings(r->prompt_sizes);
+        Clock::time_point last_sent = Clock::now();
+        auto write = [&sink, &last_sent](const std::string& text) {
+          if (text.empty()) return true;
+          last_sent = Clock::now();
+          return sink.write(text.data(), text.size());
+        };
+        try {
+          if (r->start && !write(r->start())) {
+            record_aborted(streams, timings);
+            return false;
+          }
+          const PumpResult result = pump(
+              streams, timings, [&](size_t i, RequestOutput& out) { return write(r->on_output(i, out, timings[i])); },
+              [&] { return write(r->keepalive()); }, &last_sent);
+          if (result != PumpResult::Finished) {
+            record_aborted(streams, timings);
+            return false;
+          }
+          if (!write(r->end())) return false;
+        } catch (const ApiError& e) {
+          write(r->failure(e));
+        } catch (const std::exception& e) {
+          write(r->failure(internal_error(e.what())));
+        }
+        sink.done();
+        return true;
+      },
+      [shared_streams](bool) {
+        for (RequestStream& s : *shared_streams) s.cancel();
+      });
+}
+
+void HttpServer::log_unparsed_tool_calls(const OutputParser& parser) const {
+  for (const std::string& body : parser.unparsed_tool_calls())
+    fmt::print(stderr,
+               "spill: warning: the model wrote a tool call that is not a JSON object with \"name\" and \"arguments\"; "
+               "returned it as text: {}{}\n",
+               dump_json(Json(body)), body.size() >= OutputParser::kUnparsedExcerptBytes ? " (cut)" : "");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -788,12 +862,12 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
   const ChatCompletionRequest r = parse_chat_completion_request(body);
   const RenderedPrompt prompt = render_chat(r.chat);
   std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
-  check_context(int64_t(ids.size()), r.gen.max_tokens, "messages");
+  const std::optional<int64_t> max_tokens = fit_context(int64_t(ids.size()), r.gen.max_tokens, "messages");
   t_access_log.prompt_tokens = int64_t(ids.size());
 
   std::vector<GenerationRequest> requests;
   for (int32_t i = 0; i < r.gen.n; ++i) {
-    requests.push_back(make_request(ids, r.gen, i));
+    requests.push_back(make_request(ids, r.gen, i, max_tokens));
     add_template_stops(requests.back(), prompt);
   }
   const std::vector<int64_t> prompt_sizes(size_t(r.gen.n), int64_t(ids.size()));
@@ -843,6 +917,7 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
     std::vector<OutputPiece> pieces = c.parser.push(out.text);
     if (out.finish) {
       append_all(pieces, c.parser.finish());
+      log_unparsed_tool_calls(c.parser);
       c.finish = *out.finish;
       if (failed(*out.finish)) {
         record_finish(*out.finish, out.finish->reason == FinishReason::Cancelled ? "abort" : "error", timing);
@@ -880,46 +955,48 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
     return;
   }
 
-  auto streams_ptr = std::make_shared<std::vector<RequestStream>>(std::move(streams));
-  set_sse_headers(res);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st, take, streams_ptr, prompt_sizes](size_t, httplib::DataSink& sink) {
-        Clock::time_point last_sent = Clock::now();
-        auto write = [&sink, &last_sent](const std::string& s) {
-          last_sent = Clock::now();
-          return sink.write(s.data(), s.size());
-        };
-        std::vector<ChoiceTiming> timings = make_timings(prompt_sizes);
-        auto chunk = [&](size_t i, Json delta, const std::optional<std::string>& finish) {
-          Choice& c = st->choices[i];
-          Json lp = nullptr;
-          if (st->logprobs && !c.pending_logprobs.empty()) {
-            lp = Json{{"content", std::move(c.pending_logprobs)}};
-            c.pending_logprobs = Json::array();
-          }
-          return write(sse_data(chat_chunk(st->meta, int32_t(i), std::move(delta), finish, std::move(lp), st->include_usage)));
-        };
-        auto on_output = [&](size_t i, RequestOutput& out) {
-          Choice& c = st->choices[i];
-          for (Json& d : c.builder.deltas(take(i, out, timings[i])))
-            if (!chunk(i, std::move(d), std::nullopt)) return false;
-          if (out.finish) {
-            const std::string reason = chat_finish_reason(finish_reason_name(out.finish->reason), c.builder.n_tool_calls());
-            record_finish(*out.finish, reason, timings[i]);
-            if (auto role = c.builder.role_delta_if_unsent())
-              if (!chunk(i, std::move(*role), std::nullopt)) return false;
-            if (!chunk(i, Json::object(), reason)) return false;
-          }
-          return true;
-        };
-        return run_openai_stream(*streams_ptr, timings, on_output, write, &last_sent, sink, [&] {
-          return st->include_usage ? std::optional(usage_chunk(st->meta, "chat.completion.chunk", st->usage())) : std::nullopt;
-        }, [&] { return st->usage(); });
-      },
-      [streams_ptr](bool) {
-        for (RequestStream& s : *streams_ptr) s.cancel();
-      });
+  auto chunk = [st](size_t i, Json delta, const std::optional<std::string>& finish) {
+    Choice& c = st->choices[i];
+    Json lp = nullptr;
+    if (st->logprobs && !c.pending_logprobs.empty()) {
+      lp = Json{{"content", std::move(c.pending_logprobs)}};
+      c.pending_logprobs = Json::array();
+    }
+    return sse_data(chat_chunk(st->meta, int32_t(i), std::move(delta), finish, std::move(lp), st->include_usage));
+  };
+  SseReply sse;
+  sse.prompt_sizes = prompt_sizes;
+  sse.on_output = [this, st, take, chunk](size_t i, RequestOutput& out, const ChoiceTiming& timing) {
+    Choice& c = st->choices[i];
+    std::string events;
+    for (Json& d : c.builder.deltas(take(i, out, timing))) events += chunk(i, std::move(d), std::nullopt);
+    if (out.finish) {
+      const std::string reason = chat_finish_reason(finish_reason_name(out.finish->reason), c.builder.n_tool_calls());
+      record_finish(*out.finish, reason, timing);
+      if (auto role = c.builder.role_delta_if_unsent()) events += chunk(i, std::move(*role), std::nullopt);
+      events += chunk(i, Json::object(), reason);
+    }
+    return events;
+  };
+  // SSE comments are invisible to clients' idle timers; an empty delta is a real chunk (the role
+  // delta first, as OpenAI opens every stream with it).
+  sse.keepalive = [st, chunk] {
+    std::string events;
+    for (size_t i = 0; i < st->choices.size(); ++i) {
+      Choice& c = st->choices[i];
+      if (c.finish) continue;
+      std::optional<Json> role = c.builder.role_delta_if_unsent();
+      events += chunk(i, role ? std::move(*role) : Json::object(), std::nullopt);
+    }
+    return events;
+  };
+  sse.failure = openai_stream_failure;
+  sse.end = [st] {
+    const UsageCounts usage = st->usage();
+    t_access_log.completion_tokens = usage.completion_tokens;
+    return (st->include_usage ? sse_data(usage_chunk(st->meta, "chat.completion.chunk", usage)) : "") + kSseDone;
+  };
+  respond_sse(res, std::move(streams), std::move(sse));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -937,11 +1014,11 @@ void HttpServer::handle_completions(const httplib::Request& req, httplib::Respon
   for (size_t p = 0; p < r.prompts.size(); ++p) {
     const CompletionPrompt& cp = r.prompts[p];
     std::vector<int32_t> ids = cp.is_tokens ? cp.tokens : tokenize_prompt(cp.text, /*add_special=*/true);
-    check_context(int64_t(ids.size()), r.gen.max_tokens, "prompt");
+    const std::optional<int64_t> max_tokens = fit_context(int64_t(ids.size()), r.gen.max_tokens, "prompt");
     prompt_tokens += int64_t(ids.size());
     const std::string text = cp.is_tokens ? tok->decode(ids) : cp.text;
     for (int32_t j = 0; j < r.gen.n; ++j) {
-      requests.push_back(make_request(ids, r.gen, j));
+      requests.push_back(make_request(ids, r.gen, j, max_tokens));
       echo_text.push_back(r.echo ? text : "");
       prompt_sizes.push_back(int64_t(ids.size()));
     }
@@ -1031,48 +1108,48 @@ void HttpServer::handle_completions(const httplib::Request& req, httplib::Respon
     return;
   }
 
-  auto streams_ptr = std::make_shared<std::vector<RequestStream>>(std::move(streams));
-  set_sse_headers(res);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st, streams_ptr, take_logprobs, prompt_sizes](size_t, httplib::DataSink& sink) {
-        Clock::time_point last_sent = Clock::now();
-        auto write = [&sink, &last_sent](const std::string& s) {
-          last_sent = Clock::now();
-          return sink.write(s.data(), s.size());
-        };
-        std::vector<ChoiceTiming> timings = make_timings(prompt_sizes);
-        auto chunk = [&](size_t i, const std::string& text, const std::optional<std::string>& finish, Json lp) {
-          return write(sse_data(completion_chunk(st->meta, int32_t(i), text, finish, std::move(lp), st->include_usage)));
-        };
-        for (size_t i = 0; i < st->choices.size(); ++i)
-          if (!st->choices[i].result.text.empty() && !chunk(i, st->choices[i].result.text, std::nullopt, nullptr)) return false;
-        auto on_output = [&](size_t i, RequestOutput& out) {
-          Choice& c = st->choices[i];
-          Json lp = take_logprobs(c, out);
-          c.text_bytes += int64_t(out.text.size());
-          if (!out.text.empty() || !lp.is_null()) {
-            if (!chunk(i, out.text, std::nullopt, std::move(lp))) return false;
-          }
-          if (out.finish) {
-            c.finish = *out.finish;
-            if (failed(*out.finish)) {
-              record_finish(*out.finish, out.finish->reason == FinishReason::Cancelled ? "abort" : "error", timings[i]);
-              throw finish_error(*out.finish);
-            }
-            const std::string reason = finish_reason_name(out.finish->reason);
-            record_finish(*out.finish, reason, timings[i]);
-            if (!chunk(i, "", reason, nullptr)) return false;
-          }
-          return true;
-        };
-        return run_openai_stream(*streams_ptr, timings, on_output, write, &last_sent, sink, [&] {
-          return st->include_usage ? std::optional(usage_chunk(st->meta, "text_completion", st->usage())) : std::nullopt;
-        }, [&] { return st->usage(); });
-      },
-      [streams_ptr](bool) {
-        for (RequestStream& s : *streams_ptr) s.cancel();
-      });
+  auto chunk = [st](size_t i, const std::string& text, const std::optional<std::string>& finish, Json lp) {
+    return sse_data(completion_chunk(st->meta, int32_t(i), text, finish, std::move(lp), st->include_usage));
+  };
+  SseReply sse;
+  sse.prompt_sizes = prompt_sizes;
+  sse.start = [st, chunk] {  // the echoed prompts
+    std::string events;
+    for (size_t i = 0; i < st->choices.size(); ++i)
+      if (!st->choices[i].result.text.empty()) events += chunk(i, st->choices[i].result.text, std::nullopt, nullptr);
+    return events;
+  };
+  sse.on_output = [this, st, take_logprobs, chunk](size_t i, RequestOutput& out, const ChoiceTiming& timing) {
+    Choice& c = st->choices[i];
+    Json lp = take_logprobs(c, out);
+    c.text_bytes += int64_t(out.text.size());
+    std::string events;
+    if (!out.text.empty() || !lp.is_null()) events += chunk(i, out.text, std::nullopt, std::move(lp));
+    if (out.finish) {
+      c.finish = *out.finish;
+      if (failed(*out.finish)) {
+        record_finish(*out.finish, out.finish->reason == FinishReason::Cancelled ? "abort" : "error", timing);
+        throw finish_error(*out.finish);
+      }
+      const std::string reason = finish_reason_name(out.finish->reason);
+      record_finish(*out.finish, reason, timing);
+      events += chunk(i, "", reason, nullptr);
+    }
+    return events;
+  };
+  sse.keepalive = [st, chunk] {  // an empty text chunk per unfinished choice
+    std::string events;
+    for (size_t i = 0; i < st->choices.size(); ++i)
+      if (!st->choices[i].finish) events += chunk(i, "", std::nullopt, nullptr);
+    return events;
+  };
+  sse.failure = openai_stream_failure;
+  sse.end = [st] {
+    const UsageCounts usage = st->usage();
+    t_access_log.completion_tokens = usage.completion_tokens;
+    return (st->include_usage ? sse_data(usage_chunk(st->meta, "text_completion", usage)) : "") + kSseDone;
+  };
+  respond_sse(res, std::move(streams), std::move(sse));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1083,7 +1160,7 @@ void HttpServer::handle_messages(const httplib::Request& req, httplib::Response&
   const MessagesRequest r = parse_messages_request(body);
   const RenderedPrompt prompt = render_chat(r.chat, r.assistant_prefill);
   std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
-  check_context(int64_t(ids.size()), r.gen.max_tokens, "messages");
+  const std::optional<int64_t> max_tokens = fit_context(int64_t(ids.size()), r.gen.max_tokens, "messages");
   t_access_log.prompt_tokens = int64_t(ids.size());
   const int64_t n_prompt = int64_t(ids.size());
 
@@ -1102,6 +1179,7 @@ void HttpServer::handle_messages(const httplib::Request& req, httplib::Response&
     std::vector<OutputPiece> pieces = st->parser.push(out.text);
     if (out.finish) {
       append_all(pieces, st->parser.finish());
+      log_unparsed_tool_calls(st->parser);
       st->finish = *out.finish;
       if (failed(*out.finish)) {
         record_finish(*out.finish, out.finish->reason == FinishReason::Cancelled ? "abort" : "error", timing);
@@ -1120,7 +1198,7 @@ void HttpServer::handle_messages(const httplib::Request& req, httplib::Response&
   };
 
   std::vector<GenerationRequest> requests;
-  requests.push_back(make_request(std::move(ids), r.gen, 0));
+  requests.push_back(make_request(std::move(ids), r.gen, 0, max_tokens));
   add_template_stops(requests.back(), prompt);
   std::vector<RequestStream> streams = submit_all(std::move(requests));
 
@@ -1150,50 +1228,29 @@ void HttpServer::handle_messages(const httplib::Request& req, httplib::Response&
     return;
   }
 
-  auto streams_ptr = std::make_shared<std::vector<RequestStream>>(std::move(streams));
-  set_sse_headers(res);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st, take, streams_ptr, n_prompt, usage_of, client_stop, single_tool_call](size_t, httplib::DataSink& sink) {
-        Clock::time_point last_sent = Clock::now();
-        auto write = [&sink, &last_sent](const std::string& s) {
-          last_sent = Clock::now();
-          return sink.write(s.data(), s.size());
-        };
-        std::vector<ChoiceTiming> timings = make_timings({n_prompt});
-        MessagesStreamWriter writer(st->id, st->model);
-        writer.single_tool_call = single_tool_call;
-        if (!write(writer.start(n_prompt))) return false;
-        auto on_output = [&](size_t, RequestOutput& out) {
-          const std::string events = writer.add(take(out, timings[0]));
-          if (!events.empty() && !write(events)) return false;
-          if (out.finish) {
-            const RequestFinish& f = *out.finish;
-            const std::string reason = chat_finish_reason(finish_reason_name(f.reason), writer.n_tool_calls());
-            record_finish(f, reason, timings[0]);
-            t_access_log.completion_tokens = f.completion_tokens;
-            const std::optional<std::string> stop_sequence = client_stop(f);
-            const std::string stop_reason =
-                anthropic_stop_reason(finish_reason_name(f.reason), stop_sequence.has_value(), writer.n_tool_calls());
-            if (!write(writer.finish(stop_reason, stop_sequence, usage_of(f)))) return false;
-          }
-          return true;
-        };
-        try {
-          if (pump(*streams_ptr, timings, on_output, [&] { return write(MessagesStreamWriter::ping()); }, &last_sent) !=
-              PumpResult::Finished) {
-            record_aborted(*streams_ptr, timings);
-            return false;
-          }
-        } catch (const ApiError& e) {
-          write(MessagesStreamWriter::error(e));
-        }
-        sink.done();
-        return true;
-      },
-      [streams_ptr](bool) {
-        for (RequestStream& s : *streams_ptr) s.cancel();
-      });
+  auto writer = std::make_shared<MessagesStreamWriter>(st->id, st->model);
+  writer->single_tool_call = single_tool_call;
+  SseReply sse;
+  sse.prompt_sizes = {n_prompt};
+  sse.start = [writer, n_prompt] { return writer->start(n_prompt); };
+  sse.on_output = [this, writer, take, usage_of, client_stop](size_t, RequestOutput& out, const ChoiceTiming& timing) {
+    std::string events = writer->add(take(out, timing));
+    if (out.finish) {
+      const RequestFinish& f = *out.finish;
+      const std::string reason = chat_finish_reason(finish_reason_name(f.reason), writer->n_tool_calls());
+      record_finish(f, reason, timing);
+      t_access_log.completion_tokens = f.completion_tokens;
+      const std::optional<std::string> stop_sequence = client_stop(f);
+      const std::string stop_reason =
+          anthropic_stop_reason(finish_reason_name(f.reason), stop_sequence.has_value(), writer->n_tool_calls());
+      events += writer->finish(stop_reason, stop_sequence, usage_of(f));
+    }
+    return events;
+  };
+  sse.keepalive = [] { return MessagesStreamWriter::ping(); };  // Anthropic's own keep-alive event
+  sse.failure = [](const ApiError& e) { return MessagesStreamWriter::error(e); };
+  sse.end = [] { return std::string(); };  // message_stop went out with the finish
+  respond_sse(res, std::move(streams), std::move(sse));
 }
 
 void HttpServer::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {
@@ -1202,6 +1259,142 @@ void HttpServer::handle_count_tokens(const httplib::Request& req, httplib::Respo
   const RenderedPrompt prompt = render_chat(r.chat, r.assistant_prefill);
   const std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
   send_json(res, 200, Json{{"input_tokens", ids.size()}});
+}
+
+// ---------------------------------------------------------------------------------------------
+// POST /v1/responses (OpenAI Responses API)
+
+void HttpServer::handle_responses(const httplib::Request& req, httplib::Response& res) {
+  const Json body = parse_json_body(req.body);
+  ResponsesRequest r = parse_responses_request(body);
+  Json history = Json::array();  // the conversation before this input, as chat messages
+  if (r.previous_response_id) {
+    const auto previous = responses_.get(*r.previous_response_id);
+    if (!previous)
+      throw ApiError{.status = 404,
+                     .message = fmt::format("Previous response with id '{}' not found (spill keeps the newest {} stored "
+                                            "responses; --responses-store)",
+                                            *r.previous_response_id, options_.responses_store),
+                     .param = "previous_response_id",
+                     .code = "previous_response_not_found"};
+    history = previous->conversation;
+    prepend_conversation(r, history);
+  }
+  for (const Json& m : r.input_messages) history.push_back(m);
+  if (r.chat.messages.empty()) invalid_field("input", "holds no item");
+  const RenderedPrompt prompt = render_chat(r.chat);
+  std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
+  const int64_t n_prompt = int64_t(ids.size());
+  const std::optional<int64_t> max_tokens = fit_context(n_prompt, r.gen.max_tokens, "input");
+  t_access_log.prompt_tokens = n_prompt;
+
+  struct State {
+    std::string id;
+    int64_t created_at = 0;
+    std::string model;
+    ResponsesRequest request;
+    Json history;
+    OutputParser parser;
+    ResponseOutputBuilder builder;
+    std::optional<RequestFinish> finish;
+  };
+  const std::string id = random_id("resp_");
+  auto st = std::make_shared<State>(State{.id = id,
+                                          .created_at = unix_now(),
+                                          .model = r.model.empty() ? model_name_ : r.model,
+                                          .request = r,
+                                          .history = std::move(history),
+                                          .parser = make_parser(prompt),
+                                          .builder = ResponseOutputBuilder(id),
+                                          .finish = {}});
+  st->builder.parallel_tool_calls = r.parallel_tool_calls;
+
+  // New output of the one stream: its events; on the finish, closes the last item and records it.
+  auto take = [this, st](RequestOutput& out, const ChoiceTiming& timing) {
+    std::vector<OutputPiece> pieces = st->parser.push(out.text);
+    if (out.finish) append_all(pieces, st->parser.finish());
+    std::string events = st->builder.add(pieces);
+    if (out.finish) {
+      log_unparsed_tool_calls(st->parser);
+      st->finish = *out.finish;
+      if (failed(*out.finish)) {
+        record_finish(*out.finish, out.finish->reason == FinishReason::Cancelled ? "abort" : "error", timing);
+        throw finish_error(*out.finish);
+      }
+      events += st->builder.close();
+      record_finish(*out.finish, chat_finish_reason(finish_reason_name(out.finish->reason), st->builder.n_tool_calls()),
+                    timing);
+    }
+    return events;
+  };
+  // The final response object; stored for previous_response_id unless the client said store: false.
+  auto final_response = [this, st]() {
+    const RequestFinish& f = *st->finish;
+    ResponseStatus status;
+    if (f.reason == FinishReason::Length && st->builder.n_tool_calls() == 0) {
+      status.status = "incomplete";
+      status.incomplete_reason = "max_output_tokens";
+    }
+    const UsageCounts usage{.prompt_tokens = f.prompt_tokens, .completion_tokens = f.completion_tokens, .cached_tokens = f.cached_tokens};
+    t_access_log.completion_tokens = f.completion_tokens;
+    const int64_t reasoning_tokens =
+        st->builder.reasoning_text().empty() ? 0 : int64_t(tokenize_prompt(st->builder.reasoning_text(), false).size());
+    Json response = response_object(st->id, st->created_at, st->model, st->request, st->builder.output(), status, usage,
+                                    std::min(reasoning_tokens, f.completion_tokens));
+    if (st->request.store) {
+      Json conversation = st->history;
+      for (const Json& m : st->builder.as_chat_messages()) conversation.push_back(m);
+      responses_.put(st->id, ResponseStore::Entry{.response = response, .conversation = std::move(conversation), .bytes = 0});
+    }
+    return response;
+  };
+  auto in_progress = [st] {
+    return response_object(st->id, st->created_at, st->model, st->request, st->builder.output(),
+                           ResponseStatus{.status = "in_progress", .incomplete_reason = {}}, std::nullopt, 0);
+  };
+
+  std::vector<GenerationRequest> requests;
+  requests.push_back(make_request(std::move(ids), r.gen, 0, max_tokens));
+  add_template_stops(requests.back(), prompt);
+  std::vector<RequestStream> streams = submit_all(std::move(requests));
+
+  if (!r.stream) {
+    auto c = std::make_shared<Collector>();
+    c->streams = std::move(streams);
+    c->timings = make_timings({n_prompt});
+    Collector* cp = c.get();
+    c->on_output = [take, cp](size_t, RequestOutput& out) { (void)take(out, cp->timings[0]); };
+    c->body = final_response;
+    respond_when_done(res, std::move(c), Flavor::OpenAI);
+    return;
+  }
+
+  SseReply sse;
+  sse.prompt_sizes = {n_prompt};
+  sse.start = [st, in_progress] {
+    std::string events = st->builder.event("response.created", Json{{"response", in_progress()}});
+    events += st->builder.event("response.in_progress", Json{{"response", in_progress()}});
+    return events;
+  };
+  sse.on_output = [take](size_t, RequestOutput& out, const ChoiceTiming& timing) { return take(out, timing); };
+  // A typed event, which clients' idle timers see (Codex resets its stream timeout on each).
+  sse.keepalive = [st, in_progress] { return st->builder.event("response.in_progress", Json{{"response", in_progress()}}); };
+  sse.failure = [st, in_progress](const ApiError& e) {
+    Json failed_response = in_progress();
+    failed_response["status"] = "failed";
+    failed_response["error"] = Json{{"code", e.status >= 500 ? "server_error" : "invalid_request"}, {"message", e.message}};
+    std::string events = st->builder.event("error", Json{{"code", e.code.empty() ? Json(nullptr) : Json(e.code)},
+                                                         {"message", e.message},
+                                                         {"param", e.param.empty() ? Json(nullptr) : Json(e.param)}});
+    events += st->builder.event("response.failed", Json{{"response", std::move(failed_response)}});
+    return events;
+  };
+  sse.end = [st, final_response] {
+    Json response = final_response();
+    const std::string type = response["status"] == "incomplete" ? "response.incomplete" : "response.completed";
+    return st->builder.event(type, Json{{"response", std::move(response)}});
+  };
+  respond_sse(res, std::move(streams), std::move(sse));
 }
 
 // ---------------------------------------------------------------------------------------------

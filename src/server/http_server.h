@@ -28,7 +28,14 @@ struct ServerOptions {
   int threads = 0;                  // CPU backend threads; 0: all
   size_t max_body_bytes = size_t(32) << 20;
   int http_threads = 0;             // 0: enough for max_seqs streams plus slack
-  double ping_interval_s = 2.0;     // keep-alive comments while nothing else is sent
+  double ping_interval_s = 2.0;     // keep-alive events while nothing else is sent
+  // max_tokens beyond the room the prompt leaves: false clamps it to that room (the reply ends
+  // with finish_reason "length"), true refuses the request with 400 as vLLM does.
+  bool strict_max_tokens = false;
+  // Most tokens one reply may generate, whatever the request asks (or when it asks nothing,
+  // as Codex does); 0: no cap beyond the context. A reply cut by it ends with "length".
+  int64_t max_tokens_cap = 0;
+  size_t responses_store = 256;     // /v1/responses kept for previous_response_id; 0: none
   std::string record_profile;       // "": off; else the routing profile file, rewritten periodically
   double record_profile_interval_s = 60.0;
 };

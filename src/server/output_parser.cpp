@@ -1,5 +1,7 @@
 #include "server/output_parser.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 namespace spill::server {
@@ -122,6 +124,7 @@ void OutputParser::end_tool_call(std::vector<OutputPiece>& out, std::string_view
     return;
   }
   // Not a call: give the model's text back exactly as written, with the whitespace before it.
+  unparsed_tool_calls_.emplace_back(body.substr(0, std::min<size_t>(body.size(), kUnparsedExcerptBytes)));
   std::string raw = options_.tool_call_start;
   raw.append(body);
   if (closed) raw.append(options_.tool_call_end);

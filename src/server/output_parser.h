@@ -65,6 +65,10 @@ class OutputParser {
 
   int n_tool_calls() const { return n_tool_calls_; }
   bool in_reasoning() const { return mode_ == Mode::Reasoning; }
+  // Tool-call blocks that were not a valid call and went out as text: the first bytes of each
+  // body, for the server's log (a model whose call format spill does not read should be visible).
+  const std::vector<std::string>& unparsed_tool_calls() const { return unparsed_tool_calls_; }
+  static constexpr size_t kUnparsedExcerptBytes = 200;
 
  private:
   enum class Mode { Content, Reasoning, ToolCall };
@@ -83,6 +87,7 @@ class OutputParser {
   bool may_start_reasoning_ = false;  // nothing but whitespace so far: "<think>" opens reasoning
   std::string ws_before_tool_call_;   // restored if the tool call turns out to be text
   int n_tool_calls_ = 0;
+  std::vector<std::string> unparsed_tool_calls_;
 };
 
 }  // namespace spill::server

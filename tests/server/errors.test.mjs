@@ -115,22 +115,30 @@ describe('context length (server started with --max-model-len 256)', () => {
     return { text, tokens };
   }
 
-  test('prompt + max_tokens over the limit: 400 context_length_exceeded; at the limit: 200', async () => {
+  test('max_tokens beyond the room the prompt leaves is a ceiling: clamped to the room, ending with length / max_tokens', async () => {
     const { text, tokens } = await promptOfAbout(MAX_MODEL_LEN - 12);
     assert.ok(tokens <= MAX_MODEL_LEN - 6 && tokens >= MAX_MODEL_LEN - 40, `calibration landed at ${tokens} prompt tokens`);
     const room = MAX_MODEL_LEN - tokens;
 
-    const fits = await srv.post('/v1/completions', { model, prompt: text, max_tokens: room, temperature: 0 });
-    assert.equal(fits.status, 200, `prompt ${tokens} + max_tokens ${room} = ${MAX_MODEL_LEN} fits the context: expected 200, got ${fits.status}: ${fits.text.slice(0, 300)}`);
+    // Agents send 32000 or 128000 whatever the context (Qwen Code, Claude Code).
+    const over = await srv.post('/v1/completions', { model, prompt: text, max_tokens: 128000, temperature: 0, ignore_eos: true });
+    assert.equal(over.status, 200, `prompt ${tokens} + max_tokens 128000 must be clamped, got ${over.status}: ${over.text.slice(0, 300)}`);
+    assert.equal(over.json.usage.prompt_tokens, tokens, 'prompt tokens');
+    assert.equal(over.json.usage.completion_tokens, room, `clamped to the ${room} tokens the prompt leaves`);
+    assert.equal(over.json.choices[0].finish_reason, 'length');
 
-    const over = await srv.post('/v1/completions', { model, prompt: text, max_tokens: room + 1, temperature: 0 });
-    const e = assertOpenAIError(over, 400, `prompt ${tokens} + max_tokens ${room + 1} > ${MAX_MODEL_LEN}`);
-    assert.equal(e.code, 'context_length_exceeded', `error.code: ${JSON.stringify(e)}`);
-    assert.match(e.message, /256/, `the message should state the limit (256): ${e.message}`);
+    const chat = await srv.post('/v1/chat/completions', { model, messages: [{ role: 'user', content: text.slice(0, text.length / 2) }], max_tokens: 32000, temperature: 0, ignore_eos: true });
+    assert.equal(chat.status, 200, `chat: ${chat.status} ${chat.text.slice(0, 300)}`);
+    assert.equal(chat.json.usage.prompt_tokens + chat.json.usage.completion_tokens, MAX_MODEL_LEN, `chat fills the context exactly: ${JSON.stringify(chat.json.usage)}`);
+    assert.equal(chat.json.choices[0].finish_reason, 'length');
 
-    const chatOver = await srv.post('/v1/chat/completions', { model, messages: [{ role: 'user', content: text }], max_tokens: room + 1, temperature: 0 });
-    const ce = assertOpenAIError(chatOver, 400, 'chat: template + prompt + max_tokens over the limit');
-    assert.equal(ce.code, 'context_length_exceeded', `chat error.code: ${JSON.stringify(ce)}`);
+    // Messages API (no ignore_eos there): 200, and never past the context.
+    const m = await srv.post('/v1/messages', { model: ANTHROPIC_MODEL, max_tokens: 128000, temperature: 0, messages: [{ role: 'user', content: text.slice(0, text.length / 2) }] }, { headers: { 'anthropic-version': '2023-06-01' } });
+    assert.equal(m.status, 200, `messages: ${m.status} ${m.text.slice(0, 300)}`);
+    const used = m.json.usage.input_tokens + (m.json.usage.cache_read_input_tokens ?? 0) + m.json.usage.output_tokens;
+    assert.ok(used <= MAX_MODEL_LEN, `messages: ${used} tokens used > ${MAX_MODEL_LEN}`);
+    assert.ok(['end_turn', 'max_tokens'].includes(m.json.stop_reason), `stop_reason ${m.json.stop_reason}`);
+    if (m.json.stop_reason === 'max_tokens') assert.equal(used, MAX_MODEL_LEN, 'max_tokens: the context is full');
   });
 
   test('a prompt longer than the context on its own: 400 context_length_exceeded (also streaming, also Messages API)', async () => {
@@ -139,6 +147,8 @@ describe('context length (server started with --max-model-len 256)', () => {
       const r = await srv.post('/v1/chat/completions', { model, messages: [{ role: 'user', content: text }], max_tokens: 4, stream });
       const e = assertOpenAIError(r, 400, `chat prompt far over the limit (stream ${stream})`);
       assert.equal(e.code, 'context_length_exceeded', `error.code: ${JSON.stringify(e)}`);
+      // Both numbers: the limit and what the prompt took.
+      assert.match(e.message, new RegExp(`maximum context length is ${MAX_MODEL_LEN} tokens and the prompt alone is \\d+ tokens`), e.message);
     }
     const noMax = await srv.post('/v1/completions', { model, prompt: text });
     assert.equal(assertOpenAIError(noMax, 400, 'completions prompt over the limit, no max_tokens').code, 'context_length_exceeded');
@@ -168,5 +178,30 @@ describe('body size limit', () => {
     }
     const ok = await srv.post('/v1/chat/completions', { model, messages: CHAT, max_tokens: 2 });
     assert.equal(ok.status, 200, `after the 413 the server still serves: ${ok.status} ${ok.text.slice(0, 300)}`);
+  });
+});
+
+describe('--strict-max-tokens', () => {
+  let strict;
+  before(async () => {
+    strict = await startServer({ args: ['--max-model-len', MAX_MODEL_LEN, '--strict-max-tokens'] });
+  });
+  after(() => strict?.stop());
+
+  test('prompt + max_tokens over the limit: 400 context_length_exceeded naming both numbers; at the limit: 200', async () => {
+    const prompt = 'def add(a, b):\n    return a + b\n';
+    const probe = await strict.post('/v1/completions', { model, prompt, max_tokens: 1, temperature: 0 });
+    assert.equal(probe.status, 200, `probe: ${probe.status} ${probe.text.slice(0, 300)}`);
+    const tokens = probe.json.usage.prompt_tokens;
+    const room = MAX_MODEL_LEN - tokens;
+    const fits = await strict.post('/v1/completions', { model, prompt, max_tokens: room, temperature: 0 });
+    assert.equal(fits.status, 200, `prompt ${tokens} + max_tokens ${room} = ${MAX_MODEL_LEN} fits: got ${fits.status}: ${fits.text.slice(0, 300)}`);
+    const over = await strict.post('/v1/completions', { model, prompt, max_tokens: room + 1, temperature: 0 });
+    const e = assertOpenAIError(over, 400, `prompt ${tokens} + max_tokens ${room + 1} > ${MAX_MODEL_LEN}`);
+    assert.equal(e.code, 'context_length_exceeded', `error.code: ${JSON.stringify(e)}`);
+    assert.match(e.message, new RegExp(`\\b${MAX_MODEL_LEN}\\b`), `the message should state the limit: ${e.message}`);
+    assert.match(e.message, new RegExp(`\\b${room + 1}\\b`), `the message should state max_tokens: ${e.message}`);
+    const chatOver = await strict.post('/v1/chat/completions', { model, messages: [{ role: 'user', content: prompt }], max_tokens: MAX_MODEL_LEN, temperature: 0 });
+    assert.equal(assertOpenAIError(chatOver, 400, 'chat over the limit').code, 'context_length_exceeded');
   });
 });
