@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill::server {
 
@@ -59,29 +60,6 @@ Json anthropic_error_body(const ApiError& error) {
 
 namespace {
 
-// Deepest nesting of arrays/objects in JSON text, counted outside strings. Stops counting at limit + 1.
-int json_nesting_depth(std::string_view text, int limit) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > limit) return max_depth;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
 std::string_view shown(std::string_view name, std::string_view param) { return param.empty() ? name : param; }
 
 const char* json_type_name(const Json& v) {
@@ -96,25 +74,11 @@ const char* json_type_name(const Json& v) {
 }  // namespace
 
 Json parse_json_body(std::string_view body) {
-  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
-    throw ApiError{.status = 400,
-                   .message = fmt::format("request body nests arrays/objects deeper than {} levels", kMaxJsonDepth),
-                   .param = "",
-                   .code = ""};
-  Json parsed = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    // Parse again with exceptions for the message that says where (position and what was expected).
-    std::string detail;
-    try {
-      const Json again = Json::parse(body);
-    } catch (const nlohmann::json::exception& e) {
-      detail = e.what();
-    }
-    throw ApiError{.status = 400,
-                   .message = fmt::format("request body is not valid JSON: {}", detail),
-                   .param = "",
-                   .code = ""};
-  }
+  std::string why;
+  std::optional<Json> maybe = try_parse_json<Json>(body, &why, JsonLimits{.max_depth = kMaxJsonDepth});
+  if (!maybe)
+    throw ApiError{.status = 400, .message = fmt::format("request body {}", why), .param = "", .code = ""};
+  Json parsed = std::move(*maybe);
   if (!parsed.is_object())
     throw ApiError{.status = 400,
                    .message = fmt::format("request body must be a JSON object, got {}", json_type_name(parsed)),
@@ -203,10 +167,18 @@ std::vector<std::string> read_string_or_list(const Json& obj, std::string_view n
 GenerationDefaults GenerationDefaults::from_json(const nlohmann::json& g) {
   GenerationDefaults d;
   if (!g.is_object()) return d;
+  // Range-checked before narrowing: 1e39 to float or 1e10 to int32_t is undefined behaviour. An
+  // out-of-range value makes the file's sampling settings invalid, like any other refused value.
+  bool out_of_range = false;
   auto number = [&](const char* key) -> std::optional<float> {
     const auto it = g.find(key);
     if (it == g.end() || !it->is_number()) return std::nullopt;
-    return it->get<float>();
+    const double x = it->get<double>();
+    if (!(std::abs(x) <= 1e9)) {
+      out_of_range = true;
+      return std::nullopt;
+    }
+    return float(x);
   };
   // transformers samples only when do_sample is true; otherwise generation is greedy and the
   // temperature/top-p/top-k in the file are inert.
@@ -222,6 +194,7 @@ GenerationDefaults GenerationDefaults::from_json(const nlohmann::json& g) {
   if (auto r = number("repetition_penalty")) d.sampling.repetition_penalty = *r;
   // A file that holds values the sampler refuses is ignored rather than breaking every request.
   try {
+    if (out_of_range) fail("generation_config.json holds a number out of range");
     d.sampling.validate();
   } catch (const spill::Error&) {
     d.sampling = SamplingParams{};
@@ -232,10 +205,12 @@ GenerationDefaults GenerationDefaults::from_json(const nlohmann::json& g) {
 GenerationDefaults GenerationDefaults::load(const std::string& model_dir) {
   const auto path = std::filesystem::path(model_dir) / "generation_config.json";
   if (!std::filesystem::exists(path)) return {};
-  std::ifstream in(path);
-  nlohmann::json g = nlohmann::json::parse(in, nullptr, false);
-  if (g.is_discarded()) fail("{}: not valid JSON; fix or remove the file", path.string());
-  return from_json(g);
+  std::ifstream in(path, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::string why;
+  const std::optional<nlohmann::json> g = try_parse_json<nlohmann::json>(text, &why);
+  if (!g) fail("{} {}; fix or remove the file", path.string(), why);
+  return from_json(*g);
 }
 
 SamplingParams resolve_sampling(const GenerationOptions& options, const GenerationDefaults& defaults) {
