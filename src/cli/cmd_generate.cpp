@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "model/runner.h"
@@ -34,18 +37,23 @@ struct GenerateArgs {
 void apply_generation_config(const std::string& dir, GenerateArgs& a) {
   const auto path = std::filesystem::path(dir) / "generation_config.json";
   if (!std::filesystem::exists(path)) return;
-  nlohmann::json g;
-  try {
-    std::ifstream in(path);
-    g = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const nlohmann::json g = parse_json<nlohmann::json>(text, path.string());
   if (!g.is_object() || a.temperature_given) return;
+  // Range-checked before narrowing (1e39 to float, 1e10 to int32_t): the sampler's own checks then
+  // name what is wrong.
+  auto number = [&](const char* key, double max) -> std::optional<double> {
+    if (!g.contains(key) || !g[key].is_number()) return std::nullopt;
+    const double x = g[key].get<double>();
+    if (!(std::abs(x) <= max)) fail("{}: '{}' is {}, out of range (at most {})", path.string(), key, x, max);
+    return x;
+  };
   if (g.value("do_sample", false)) {
-    if (g.contains("temperature") && g["temperature"].is_number()) a.sampling.temperature = g["temperature"].get<float>();
-    if (g.contains("top_p") && g["top_p"].is_number()) a.sampling.top_p = g["top_p"].get<float>();
-    if (g.contains("top_k") && g["top_k"].is_number_integer()) a.sampling.top_k = g["top_k"].get<int32_t>();
+    if (auto t = number("temperature", 1e6)) a.sampling.temperature = float(*t);
+    if (auto p = number("top_p", 1e6)) a.sampling.top_p = float(*p);
+    if (g.contains("top_k") && g["top_k"].is_number_integer())
+      if (auto k = number("top_k", double(INT32_MAX))) a.sampling.top_k = int32_t(*k);
   } else {
     a.sampling.temperature = 0;
   }
