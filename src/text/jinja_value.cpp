@@ -203,6 +203,9 @@ void Value::release_all(std::vector<Value>& values) noexcept {
 }
 
 void Value::release_nested() noexcept {
+  // A moved-from Value (as vector reallocation leaves behind, the queue's own included) holds a
+  // null pointer: nothing to release, and it must not start draining the queue being resized.
+  if (!identity()) return;
   auto take = [](Value& child) {
     if (child.ptr_.index() > 1) t_release_queue.push_back(std::move(child));
   };
