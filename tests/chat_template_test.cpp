@@ -69,7 +69,9 @@ jinja::RenderOptions fixture_now() {
   in >> std::get_time(&tm, "%Y-%m-%dT%H:%M:%S");
   std::time_t t = timegm(&tm);  // fills in the weekday and day of the year
   gmtime_r(&t, &tm);
-  return {.now = tm};
+  jinja::RenderOptions options;
+  options.now = tm;
+  return options;
 }
 
 const ChatTemplate& fixture_template(const std::string& name) {

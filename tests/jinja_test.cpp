@@ -39,7 +39,9 @@ RenderOptions pinned_now() {
   tm.tm_sec = 9;
   tm.tm_wday = 5;
   tm.tm_yday = 207;
-  return {.now = tm};
+  RenderOptions options;
+  options.now = tm;
+  return options;
 }
 
 std::string render(const char* source, const char* variables) {
@@ -395,8 +397,8 @@ const ErrorCase kErrorCases[] = {
      "template:1: TemplateSyntaxError: Encountered unknown tag 'endif'. Jinja was looking for the following tags: "
      "'endfor' or 'else'. The innermost block that needs to be closed is 'for'."},
     {"{% foo %}", "{}", "template:1: TemplateSyntaxError: Encountered unknown tag 'foo'."},
-    {"{{ x|nosuchfilter }}", "{}", "template:1: TemplateSyntaxError: No filter named 'nosuchfilter'."},
-    {"{{ x is nosuchtest }}", "{}", "template:1: TemplateSyntaxError: No test named 'nosuchtest'."},
+    {"{{ x|nosuchfilter }}", "{}", "template:1: TemplateAssertionError: No filter named 'nosuchfilter'."},
+    {"{{ x is nosuchtest }}", "{}", "template:1: TemplateAssertionError: No test named 'nosuchtest'."},
     {"{% set 1 = 2 %}", "{}", "template:1: TemplateSyntaxError: can't assign to 'const'"},
     {"{% macro m(a=1, b) %}{% endmacro %}", "{}",
      "template:1: TemplateSyntaxError: non-default argument follows default argument"},

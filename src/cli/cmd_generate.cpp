@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>

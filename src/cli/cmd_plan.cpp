@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "placement/fit_report.h"
 #include "placement/planner.h"
 
@@ -71,12 +73,8 @@ struct PlanArgs {
 void read_topo_ceilings(const std::string& path, Ceilings& c) {
   std::ifstream in(path);
   if (!in) fail("--topo {}: cannot read it (write it with spill topo --json {})", path, path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("--topo {}: not valid JSON: {}", path, e.what());
-  }
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const nlohmann::json j = parse_json<nlohmann::json>(text, "--topo " + path);
   double hbm = 0, host = 0;
   for (const auto& g : j.value("gpus", nlohmann::json::array())) {
     const double h = g.value("hbm_read_gbps", 0.0), p = g.value("host_read_gbps", 0.0);

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "engine/engine.h"
 #include "placement/profile.h"
 
@@ -34,12 +35,7 @@ std::vector<GenerationRequest> read_prompts(const std::string& path, const Token
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{}:{}", path, n);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: not valid JSON: {}", where, e.what());
-    }
+    const nlohmann::json j = parse_json<nlohmann::json>(line, where);
     if (!j.is_object() || (j.contains("prompt") == j.contains("prompt_ids")))
       fail("{}: each line must be {{\"prompt\": \"text\"}} or {{\"prompt_ids\": [ids]}}, optionally with \"max_tokens\"", where);
     GenerationRequest r;

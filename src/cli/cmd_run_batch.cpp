@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "engine/engine.h"
 #include "engine/generation_config.h"
 
@@ -50,22 +51,22 @@ struct LineFields {
 
   bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
   double number(const char* key) const {
-    if (!j[key].is_number()) fail("{}: '{}' must be a number, got {}", where, key, j[key].dump());
+    if (!j[key].is_number()) fail("{}: '{}' must be a number, got {}", where, key, describe_json(j[key]));
     return j[key].get<double>();
   }
   int64_t integer(const char* key) const {
-    if (!j[key].is_number_integer()) fail("{}: '{}' must be an integer, got {}", where, key, j[key].dump());
+    if (!j[key].is_number_integer()) fail("{}: '{}' must be an integer, got {}", where, key, describe_json(j[key]));
     return j[key].get<int64_t>();
   }
   bool boolean(const char* key) const {
-    if (!j[key].is_boolean()) fail("{}: '{}' must be true or false, got {}", where, key, j[key].dump());
+    if (!j[key].is_boolean()) fail("{}: '{}' must be true or false, got {}", where, key, describe_json(j[key]));
     return j[key].get<bool>();
   }
   std::vector<int32_t> ids(const char* key) const {
     if (!j[key].is_array()) fail("{}: '{}' must be a list of token ids", where, key);
     std::vector<int32_t> out;
     for (const json& v : j[key]) {
-      if (!v.is_number_integer()) fail("{}: '{}' must hold integers, got {}", where, key, v.dump());
+      if (!v.is_number_integer()) fail("{}: '{}' must hold integers, got {}", where, key, describe_json(v));
       out.push_back(v.get<int32_t>());
     }
     return out;
@@ -75,12 +76,7 @@ struct LineFields {
 BatchItem parse_line(const std::string& text, size_t line_no, const std::string& path, const RunBatchArgs& a,
                      const Tokenizer* tokenizer) {
   const std::string where = fmt::format("{}:{}", path, line_no);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", where, e.what());
-  }
+  const json j = parse_json<json>(text, where);
   if (!j.is_object()) fail("{}: each line must be a JSON object such as {{\"prompt\": \"...\"}}", where);
   static const char* known[] = {"id",
                                 "prompt",

@@ -6,11 +6,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "placement/topology.h"
 #ifdef SPILL_HAVE_CUDA
 #include "backend/cuda/bandwidth.h"
@@ -30,12 +32,8 @@ struct TopoArgs {
 std::vector<int64_t> plan_host_bytes(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail("--plan {}: cannot read it", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("--plan {}: not valid JSON: {}", path, e.what());
-  }
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const nlohmann::json j = parse_json<nlohmann::json>(text, "--plan " + path);
   if (j.value("format", "") != "spill-placement-plan") fail("--plan {}: not a plan written by spill plan --out", path);
   std::vector<int64_t> out;
   for (const auto& g : j["gpus"]) out.push_back(g.value("host_expert_bytes", int64_t(0)));

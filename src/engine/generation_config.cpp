@@ -3,10 +3,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "engine/model_bundle.h"
 #include "formats/gguf.h"
 
@@ -64,11 +66,13 @@ SamplingParams load_sampling_defaults(const std::string& model_path) {
   if (is_gguf_model_path(model_path)) return sampling_defaults_from_gguf(gguf::GgufFile::open(model_path)->metadata());
   const auto path = std::filesystem::path(model_path) / "generation_config.json";
   if (!std::filesystem::exists(path)) return {};
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot read the file", path.string());
-  const nlohmann::json g = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (g.is_discarded()) fail("{}: not valid JSON; fix or remove the file", path.string());
-  return sampling_defaults_from_json(g);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::string why;
+  const std::optional<nlohmann::json> g = try_parse_json<nlohmann::json>(text, &why);
+  if (!g) fail("{} {}; fix or remove the file", path.string(), why);
+  return sampling_defaults_from_json(*g);
 }
 
 }  // namespace spill

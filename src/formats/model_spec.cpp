@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill {
 
@@ -26,6 +27,18 @@ const char* arch_name(Arch arch) {
 
 namespace {
 
+// Sanity bounds on what a config.json may declare. Real models stay far below them (the largest
+// today: vocabularies of ~262K, 160 layers, hidden size 18K, 512 experts, contexts of 10M); they
+// exist so that a hostile or corrupt number fails here with a message instead of allocating
+// gigabytes (num_hidden_layers = 1e11) or overflowing arithmetic further down.
+constexpr int64_t kMaxVocab = int64_t(1) << 24;
+constexpr int64_t kMaxWidth = int64_t(1) << 20;  // hidden, intermediate, head_dim
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxExperts = 1 << 16;
+constexpr int64_t kMaxPositions = int64_t(1) << 30;
+constexpr size_t kMaxTokenIds = 1024;
+
 // Typed access to config fields with errors that name the file and the field.
 struct Fields {
   const json& j;
@@ -40,32 +53,58 @@ struct Fields {
   int64_t integer(const char* key, int64_t fallback) const { return has(key) ? integer_of(j[key], key) : fallback; }
   double number(const char* key, double fallback) const {
     if (!has(key)) return fallback;
-    if (!j[key].is_number()) fail("{}: field '{}' must be a number, got {}", where, key, j[key].dump());
-    return j[key].get<double>();
+    if (!j[key].is_number()) fail("{}: field '{}' must be a number, got {}", where, key, describe_json(j[key]));
+    const double x = j[key].get<double>();
+    // JSON has no infinity, but 1e400 parses to one.
+    if (!std::isfinite(x)) fail("{}: field '{}' must be a finite number, got {}", where, key, describe_json(j[key]));
+    return x;
+  }
+  // A count or size: an integer in [lo, hi], the bounds spill supports (far above real models),
+  // so that a corrupt or hostile file cannot make spill allocate by it.
+  int64_t count(const char* key, int64_t lo, int64_t hi) const { return in_range(integer(key), key, lo, hi); }
+  int64_t count(const char* key, int64_t lo, int64_t hi, int64_t fallback) const {
+    return has(key) ? in_range(integer_of(j[key], key), key, lo, hi) : fallback;
+  }
+  int64_t in_range(int64_t v, const char* key, int64_t lo, int64_t hi) const {
+    if (v < lo || v > hi)
+      fail("{}: field '{}' is {}, outside the range spill accepts ({}..{}); is the file corrupt?", where, key, v, lo,
+           hi);
+    return v;
   }
   bool boolean(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!j[key].is_boolean()) fail("{}: field '{}' must be true or false, got {}", where, key, j[key].dump());
+    if (!j[key].is_boolean()) fail("{}: field '{}' must be true or false, got {}", where, key, describe_json(j[key]));
     return j[key].get<bool>();
   }
   std::string string(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
-    if (!j[key].is_string()) fail("{}: field '{}' must be a string, got {}", where, key, j[key].dump());
+    if (!j[key].is_string()) fail("{}: field '{}' must be a string, got {}", where, key, describe_json(j[key]));
     return j[key].get<std::string>();
   }
   int64_t integer_of(const json& v, const char* key) const {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+      fail("{}: field '{}' is {}, too large for a 64-bit integer", where, key, describe_json(v));
     if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))) return int64_t(v.get<double>());
-    fail("{}: field '{}' must be an integer, got {}", where, key, v.dump());
+    if (v.is_number_float()) {
+      // Range first: converting 1e38 to int64_t would be undefined behaviour.
+      const double d = v.get<double>();
+      if (std::isfinite(d) && std::abs(d) < 9.0e18 && d == std::trunc(d)) return int64_t(d);
+    }
+    fail("{}: field '{}' must be an integer, got {}", where, key, describe_json(v));
+  }
+  // A token id: a 32-bit non-negative integer (ids index the vocabulary).
+  int32_t token_id_of(const json& v, const char* key) const {
+    return int32_t(in_range(integer_of(v, key), key, 0, INT32_MAX));
   }
   std::vector<int32_t> int_or_list(const char* key) const {
     std::vector<int32_t> out;
     if (!has(key)) return out;
     const json& v = j[key];
     if (v.is_array()) {
-      for (const json& e : v) out.push_back(int32_t(integer_of(e, key)));
+      if (v.size() > kMaxTokenIds) fail("{}: field '{}' lists {} ids, more than {}", where, key, v.size(), kMaxTokenIds);
+      for (const json& e : v) out.push_back(token_id_of(e, key));
     } else {
-      out.push_back(int32_t(integer_of(v, key)));
+      out.push_back(token_id_of(v, key));
     }
     return out;
   }
@@ -125,12 +164,7 @@ RopeSpec parse_rope(const json& config, const Fields& f, const std::string& wher
 }  // namespace
 
 ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
-  json config;
-  try {
-    config = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", where, e.what());
-  }
+  const json config = parse_json<json>(text, where);
   if (!config.is_object()) fail("{}: must be a JSON object", where);
   Fields f{config, where};
   ModelSpec s;
@@ -150,12 +184,17 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
   s.n_kv_heads = f.integer("num_key_value_heads", s.n_heads);
   if (s.vocab_size <= 0 || s.hidden_size <= 0 || s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0)
     fail("{}: vocab_size, hidden_size, num_hidden_layers, num_attention_heads and num_key_value_heads must be positive", where);
+  f.in_range(s.vocab_size, "vocab_size", 1, kMaxVocab);
+  f.in_range(s.hidden_size, "hidden_size", 1, kMaxWidth);
+  f.in_range(s.n_layers, "num_hidden_layers", 1, kMaxLayers);
+  f.in_range(s.n_heads, "num_attention_heads", 1, kMaxHeads);
+  f.in_range(s.n_kv_heads, "num_key_value_heads", 1, kMaxHeads);
   if (s.n_heads % s.n_kv_heads != 0)
     fail("{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where, s.n_heads, s.n_kv_heads);
-  s.head_dim = f.integer("head_dim", s.hidden_size / s.n_heads);
+  s.head_dim = f.count("head_dim", 0, kMaxWidth, s.hidden_size / s.n_heads);
   if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("{}: head_dim ({}) must be positive and even", where, s.head_dim);
-  s.intermediate_size = f.integer("intermediate_size", 0);
-  s.max_position_embeddings = f.integer("max_position_embeddings", 4096);
+  s.intermediate_size = f.count("intermediate_size", 0, kMaxWidth, 0);
+  s.max_position_embeddings = f.count("max_position_embeddings", 1, kMaxPositions, 4096);
   s.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   s.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   s.attention_bias = f.boolean("attention_bias", false);
@@ -170,7 +209,10 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
   s.layer_is_moe.assign(size_t(s.n_layers), false);
   // Hub configs say num_experts (Qwen, OLMoE) or num_local_experts (Mixtral); transformers 5 may
   // write either name for any of them.
-  auto expert_count = [&] { return f.has("num_experts") ? f.integer("num_experts") : f.integer("num_local_experts"); };
+  auto expert_count = [&] {
+    return f.has("num_experts") ? f.count("num_experts", 0, kMaxExperts)
+                                : f.count("num_local_experts", 0, kMaxExperts);
+  };
   switch (s.arch) {
     case Arch::Llama:
       break;
@@ -181,7 +223,7 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
       s.qk_norm = QkNorm::PerHead;
       s.n_experts = expert_count();
       s.n_experts_per_token = f.integer("num_experts_per_tok");
-      s.moe_intermediate_size = f.integer("moe_intermediate_size");
+      s.moe_intermediate_size = f.count("moe_intermediate_size", 0, kMaxWidth);
       s.norm_topk_prob = f.boolean("norm_topk_prob", false);
       const int64_t step = f.integer("decoder_sparse_step", 1);
       std::vector<int64_t> dense_layers;
@@ -226,7 +268,7 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
   for (bool moe : s.layer_is_moe) any_dense |= !moe;
   if (any_dense && s.intermediate_size <= 0) fail("{}: missing field 'intermediate_size' (needed by dense layers)", where);
   s.eos_token_ids = f.int_or_list("eos_token_id");
-  s.bos_token_id = f.has("bos_token_id") ? int32_t(f.integer("bos_token_id")) : -1;
+  s.bos_token_id = f.has("bos_token_id") ? f.token_id_of(config["bos_token_id"], "bos_token_id") : -1;
   return s;
 }
 
@@ -246,12 +288,7 @@ ModelSpec load_model_spec(const std::string& dir) {
   // generation_config.json often lists more end-of-turn ids than config.json (e.g. <|im_end|>).
   const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
   if (fs::exists(gen_path)) {
-    json gen;
-    try {
-      gen = json::parse(read_file_text(gen_path));
-    } catch (const json::exception& e) {
-      fail("{}: not valid JSON: {}", gen_path, e.what());
-    }
+    const json gen = parse_json<json>(read_file_text(gen_path), gen_path);
     if (gen.is_object()) {
       Fields g{gen, gen_path};
       for (int32_t id : g.int_or_list("eos_token_id"))

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill {
 
@@ -62,12 +63,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_uniq
     fail("{}: header length {} runs past the end of the file ({} bytes): the file is truncated or not safetensors",
          path, header_len, size);
   if (header_len > (100u << 20)) fail("{}: header length {} is larger than the 100 MB limit", path, header_len);
-  json header;
-  try {
-    header = json::parse(base + 8, base + 8 + header_len);
-  } catch (const json::exception& e) {
-    fail("{}: header is not valid JSON: {}", path, e.what());
-  }
+  const json header = parse_json<json>(
+      std::string_view(reinterpret_cast<const char*>(base + 8), size_t(header_len)), path + ": header");
   if (!header.is_object()) fail("{}: header is not a JSON object", path);
   const size_t data_begin = 8 + size_t(header_len);
   const size_t data_size = size - data_begin;
@@ -110,9 +107,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_uniq
     if (begin > end || end > data_size)
       fail("{}: tensor '{}': data_offsets [{}, {}] are out of range (data section is {} bytes)", path, name, begin, end,
            data_size);
-    if (end - begin != numel * uint64_t(dtype_traits(t.dtype).block_bytes))
+    // Checked: a huge element count times the element size must not wrap to a size that matches.
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(numel, uint64_t(dtype_traits(t.dtype).block_bytes), &need))
+      fail("{}: tensor '{}': dtype {} and shape {} need more than 2^64 bytes; the header is corrupt", path, name,
+           dtype_name(t.dtype), shape_str(t));
+    if (end - begin != need)
       fail("{}: tensor '{}': data_offsets cover {} bytes but dtype {} and shape {} need {}", path, name, end - begin,
-           dtype_name(t.dtype), shape_str(t), numel * uint64_t(dtype_traits(t.dtype).block_bytes));
+           dtype_name(t.dtype), shape_str(t), need);
     t.data = base + data_begin + begin;
     ranges.push_back({size_t(begin), size_t(end), name});
     tensors_.emplace(name, t);
@@ -133,12 +135,9 @@ WeightStore WeightStore::open_folder(const std::string& dir) {
   const fs::path single_path = fs::path(dir) / "model.safetensors";
   json index;
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    try {
-      index = json::parse(in);
-    } catch (const json::exception& e) {
-      fail("{}: not valid JSON: {}", index_path.string(), e.what());
-    }
+    std::ifstream in(index_path, std::ios::binary);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    index = parse_json<json>(text, index_path.string());
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
       fail("{}: needs a 'weight_map' object mapping tensor names to files", index_path.string());
     for (auto& [name, file] : index["weight_map"].items()) {

@@ -4,11 +4,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "formats/gguf_writer.h"
 #include "quant/quant_mix.h"
 #include "text/tokenizer.h"
@@ -37,12 +39,9 @@ json read_json(const fs::path& path, bool required) {
     if (required) fail("{}: missing; spill quantize needs it to write the tokenizer into the GGUF file", path.string());
     return json::object();
   }
-  try {
-    std::ifstream in(path);
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return parse_json<json>(text, path.string());
 }
 
 std::string read_file(const fs::path& path) {

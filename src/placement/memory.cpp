@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill::placement {
 
@@ -28,12 +29,7 @@ ModelShape parse_model_shape(const std::string& config_json_text, const std::str
   ModelShape shape;
   shape.spec = parse_model_spec(config_json_text, where);
   shape.source = where;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(config_json_text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", where, e.what());
-  }
+  const nlohmann::json j = parse_json<nlohmann::json>(config_json_text, where);
   shape.shared.count = optional_int(j, "n_shared_experts", where);
   if (shape.shared.count > 0) {
     shape.shared.intermediate_size = optional_int(j, "shared_expert_intermediate_size", where);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill::placement {
 
@@ -110,12 +111,7 @@ std::vector<int64_t> get_counts(const nlohmann::json& j, const char* key, int64_
 }  // namespace
 
 RoutingProfile parse_profile_json(const std::string& text, const std::string& where) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", where, e.what());
-  }
+  const nlohmann::json j = parse_json<nlohmann::json>(text, where);
   if (!j.is_object() || j.value("format", "") != "spill-routing-profile")
     fail("{}: not a routing profile (\"format\": \"spill-routing-profile\" missing); make one with spill profile", where);
   if (get_int(j, "version", where) != 1) fail("{}: routing profile version {} is not supported (1 is)", where, j["version"].dump());

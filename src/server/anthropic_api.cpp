@@ -305,8 +305,8 @@ void MessageContentBuilder::add(const std::vector<OutputPiece>& pieces) {
         break;
       case OutputPiece::Kind::ToolCall: {
         if (single_tool_call && n_tool_calls_ > 0) break;
-        Json input = Json::parse(piece.call.arguments, nullptr, false);
-        if (!input.is_object()) input = Json::object();
+        std::optional<Json> parsed = try_parse_json<Json>(piece.call.arguments);
+        Json input = parsed && parsed->is_object() ? std::move(*parsed) : Json::object();
         content.push_back(
             Json{{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", piece.call.name}, {"input", std::move(input)}});
         ++n_tool_calls_;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/generation_config.h"
+#include "core/json_limits.h"
 
 namespace spill::server {
 
@@ -58,29 +59,6 @@ Json anthropic_error_body(const ApiError& error) {
 
 namespace {
 
-// Deepest nesting of arrays/objects in JSON text, counted outside strings. Stops counting at limit + 1.
-int json_nesting_depth(std::string_view text, int limit) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > limit) return max_depth;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
 std::string_view shown(std::string_view name, std::string_view param) { return param.empty() ? name : param; }
 
 const char* json_type_name(const Json& v) {
@@ -95,25 +73,11 @@ const char* json_type_name(const Json& v) {
 }  // namespace
 
 Json parse_json_body(std::string_view body) {
-  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
-    throw ApiError{.status = 400,
-                   .message = fmt::format("request body nests arrays/objects deeper than {} levels", kMaxJsonDepth),
-                   .param = "",
-                   .code = ""};
-  Json parsed = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    // Parse again with exceptions for the message that says where (position and what was expected).
-    std::string detail;
-    try {
-      const Json again = Json::parse(body);
-    } catch (const nlohmann::json::exception& e) {
-      detail = e.what();
-    }
-    throw ApiError{.status = 400,
-                   .message = fmt::format("request body is not valid JSON: {}", detail),
-                   .param = "",
-                   .code = ""};
-  }
+  std::string why;
+  std::optional<Json> maybe = try_parse_json<Json>(body, &why, JsonLimits{.max_depth = kMaxJsonDepth});
+  if (!maybe)
+    throw ApiError{.status = 400, .message = fmt::format("request body {}", why), .param = "", .code = ""};
+  Json parsed = std::move(*maybe);
   if (!parsed.is_object())
     throw ApiError{.status = 400,
                    .message = fmt::format("request body must be a JSON object, got {}", json_type_name(parsed)),

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
 #include "engine/sampler.h"
 
 namespace spill::server {
@@ -43,7 +44,7 @@ Json anthropic_error_body(const ApiError& error);
 // Parses a request body. Refuses (400, naming what is wrong and where) bodies that are not JSON,
 // not a JSON object, or nested deeper than kMaxJsonDepth (deep nesting would only exhaust the
 // stack of code that walks the value recursively).
-inline constexpr int kMaxJsonDepth = 64;
+inline constexpr int kMaxJsonDepth = kJsonMaxDepth;
 Json parse_json_body(std::string_view body);
 
 // ---- field readers: absent or null -> std::nullopt; wrong type or range -> invalid_field ----

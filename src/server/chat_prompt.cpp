@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "engine/model_bundle.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -87,8 +88,9 @@ std::string template_sources(const std::string& dir) {
       if (entry.path().extension() == ".jinja") all += read_file(entry.path());
   for (const char* name : {"tokenizer_config.json", "chat_template.json"}) {
     if (!fs::exists(root / name, ec)) continue;
-    const nlohmann::json config = nlohmann::json::parse(read_file(root / name), nullptr, false);
-    if (!config.is_object() || !config.contains("chat_template")) continue;
+    const std::optional<nlohmann::json> parsed = try_parse_json<nlohmann::json>(read_file(root / name));
+    if (!parsed || !parsed->is_object() || !parsed->contains("chat_template")) continue;
+    const nlohmann::json& config = *parsed;
     const nlohmann::json& t = config["chat_template"];
     if (t.is_string()) all += t.get<std::string>();
     if (t.is_array())
@@ -149,8 +151,10 @@ RenderedPrompt ChatPrompt::render(const ChatInput& chat, const std::string& assi
   const bool offer_tools = chat.tool_choice.mode != ToolChoiceMode::None;
   const Json no_tools = nullptr;
   try {
-    out.text = template_->render(chat.messages, offer_tools ? chat.tools : no_tools, chat.add_generation_prompt,
-                                 chat.template_kwargs);
+    jinja::RenderedText rendered = template_->render_marked(chat.messages, offer_tools ? chat.tools : no_tools,
+                                                            chat.add_generation_prompt, chat.template_kwargs);
+    out.text = std::move(rendered.text);
+    out.input_spans = std::move(rendered.input);
   } catch (const spill::Error& e) {
     // raise_exception() in a template is how models refuse conversations they cannot render
     // ("Conversation roles must alternate user/assistant/..."): the client's request is at fault.
@@ -172,6 +176,9 @@ RenderedPrompt ChatPrompt::render(const ChatInput& chat, const std::string& assi
       out.forced_reply = "<tool_call>\n{\"name\": " + Json(chat.tool_choice.name).dump() + ", \"arguments\": ";
     }
   }
+  // The forced start may quote the client's function name; <tool_call> is not a special token
+  // (only special tokens are kept out of input), so marking it all is harmless.
+  add_span(out.input_spans, out.text.size(), out.text.size() + out.forced_reply.size() + assistant_prefill.size());
   out.text += out.forced_reply;
   out.text += assistant_prefill;
   if (fallback_) out.stop_strings = {"<|im_end|>", "<|im_start|>"};

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/openai_api.h"
+#include "text/text_span.h"
 #include "server/output_parser.h"
 
 namespace spill {
@@ -20,6 +21,9 @@ namespace spill::server {
 
 struct RenderedPrompt {
   std::string text;             // the prompt, including any forced start of the reply
+  // Byte ranges of text the client wrote (message content, tools, the assistant prefill): the
+  // tokenizer reads no special tokens there (Tokenizer::encode's `untrusted`).
+  std::vector<TextSpan> input_spans;
   OutputParserOptions parser;   // how to split the reply
   std::string forced_reply;     // text appended to the prompt that the parser must see as reply
   // End-of-turn markers the reply must stop at besides the model's EOS ids (the fallback

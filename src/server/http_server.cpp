@@ -182,7 +182,9 @@ class HttpServer {
 
   // Prompt helpers.
   RenderedPrompt render_chat(const ChatInput& chat, const std::string& prefill = "") const;
-  std::vector<int32_t> tokenize_prompt(const std::string& text, bool add_special) const;
+  // `untrusted`: byte ranges the client wrote inside a rendered chat prompt (no special tokens there).
+  std::vector<int32_t> tokenize_prompt(const std::string& text, bool add_special,
+                                       std::span<const TextSpan> untrusted = {}) const;
   // Checks that the prompt fits the context (400 naming both numbers when it does not) and
   // returns the max_tokens to generate with: the client's, clamped to the room the prompt
   // leaves (or refused with 400 under --strict-max-tokens).
@@ -528,7 +530,8 @@ void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response&
   if (find_field(body, "messages")) {
     const ChatInput chat = parse_chat_input(body);
     const bool add_special = read_bool(body, "add_special_tokens").value_or(false);
-    ids = tokenize_prompt(render_chat(chat).text, add_special);
+    const RenderedPrompt rendered = render_chat(chat);
+    ids = tokenize_prompt(rendered.text, add_special, rendered.input_spans);
   } else {
     const auto prompt = read_string(body, "prompt");
     if (!prompt) invalid_field("prompt", "is required (or give \"messages\")");
@@ -567,9 +570,10 @@ RenderedPrompt HttpServer::render_chat(const ChatInput& chat, const std::string&
   return chat_prompt_->render(chat, prefill);
 }
 
-std::vector<int32_t> HttpServer::tokenize_prompt(const std::string& text, bool add_special) const {
+std::vector<int32_t> HttpServer::tokenize_prompt(const std::string& text, bool add_special,
+                                                 std::span<const TextSpan> untrusted) const {
   try {
-    return engine_->tokenizer()->encode(text, add_special);
+    return engine_->tokenizer()->encode(text, add_special, untrusted);
   } catch (const spill::Error& e) {
     throw ApiError{.status = 400, .message = fmt::format("cannot tokenize the prompt: {}", e.what()), .param = "", .code = ""};
   }
@@ -861,7 +865,7 @@ void HttpServer::handle_chat(const httplib::Request& req, httplib::Response& res
   const Json body = parse_json_body(req.body);
   const ChatCompletionRequest r = parse_chat_completion_request(body);
   const RenderedPrompt prompt = render_chat(r.chat);
-  std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
+  std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false, prompt.input_spans);
   const std::optional<int64_t> max_tokens = fit_context(int64_t(ids.size()), r.gen.max_tokens, "messages");
   t_access_log.prompt_tokens = int64_t(ids.size());
 
@@ -1159,7 +1163,7 @@ void HttpServer::handle_messages(const httplib::Request& req, httplib::Response&
   const Json body = parse_json_body(req.body);
   const MessagesRequest r = parse_messages_request(body);
   const RenderedPrompt prompt = render_chat(r.chat, r.assistant_prefill);
-  std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
+  std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false, prompt.input_spans);
   const std::optional<int64_t> max_tokens = fit_context(int64_t(ids.size()), r.gen.max_tokens, "messages");
   t_access_log.prompt_tokens = int64_t(ids.size());
   const int64_t n_prompt = int64_t(ids.size());
@@ -1257,7 +1261,7 @@ void HttpServer::handle_count_tokens(const httplib::Request& req, httplib::Respo
   const Json body = parse_json_body(req.body);
   const MessagesRequest r = parse_count_tokens_request(body);
   const RenderedPrompt prompt = render_chat(r.chat, r.assistant_prefill);
-  const std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
+  const std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false, prompt.input_spans);
   send_json(res, 200, Json{{"input_tokens", ids.size()}});
 }
 
@@ -1283,7 +1287,7 @@ void HttpServer::handle_responses(const httplib::Request& req, httplib::Response
   for (const Json& m : r.input_messages) history.push_back(m);
   if (r.chat.messages.empty()) invalid_field("input", "holds no item");
   const RenderedPrompt prompt = render_chat(r.chat);
-  std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false);
+  std::vector<int32_t> ids = tokenize_prompt(prompt.text, /*add_special=*/false, prompt.input_spans);
   const int64_t n_prompt = int64_t(ids.size());
   const std::optional<int64_t> max_tokens = fit_context(n_prompt, r.gen.max_tokens, "input");
   t_access_log.prompt_tokens = n_prompt;

@@ -38,8 +38,13 @@ Json normalize_tool_calls(const Json& calls, const std::string& param) {
     Json arguments = Json::object();
     if (const Json* a = find_field(*fn, "arguments")) {
       if (a->is_string()) {
-        Json parsed = Json::parse(a->get_ref<const std::string&>(), nullptr, false);
-        arguments = parsed.is_object() ? parsed : *a;
+        // A string that is not JSON stays text; one that is JSON but nests too deep is refused.
+        const std::string& text = a->get_ref<const std::string&>();
+        std::string why;
+        std::optional<Json> parsed = try_parse_json<Json>(text, &why);
+        if (!parsed && json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
+          invalid_field(p + ".function.arguments", why);
+        arguments = parsed && parsed->is_object() ? std::move(*parsed) : *a;
       } else if (a->is_object()) {
         arguments = *a;
       } else {

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
+
 namespace spill::server {
 
 namespace {
@@ -29,8 +31,10 @@ size_t partial_tag_suffix(std::string_view text, std::string_view tag) {
 
 bool parse_tool_call_body(std::string_view body, ParsedToolCall& out) {
   using nlohmann::json;
-  const json call = json::parse(trim(body), nullptr, /*allow_exceptions=*/false);
-  if (!call.is_object()) return false;
+  // Model output is untrusted text: a body nested too deep is not a tool call (it stays text).
+  const std::optional<json> parsed = try_parse_json<json>(trim(body));
+  if (!parsed || !parsed->is_object()) return false;
+  const json& call = *parsed;
   const auto name = call.find("name");
   if (name == call.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return false;
   auto args = call.find("arguments");
@@ -41,8 +45,9 @@ bool parse_tool_call_body(std::string_view body, ParsedToolCall& out) {
       arguments = *args;
     } else if (args->is_string()) {
       // Some models write the arguments as a JSON string; clients want the object's text.
-      arguments = json::parse(args->get_ref<const std::string&>(), nullptr, false);
-      if (!arguments.is_object()) return false;
+      std::optional<json> inner = try_parse_json<json>(args->get_ref<const std::string&>());
+      if (!inner || !inner->is_object()) return false;
+      arguments = std::move(*inner);
     } else if (!args->is_null()) {
       return false;
     }

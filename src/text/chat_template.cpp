@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill {
 namespace {
@@ -25,11 +26,7 @@ std::string read_text(const fs::path& path) {
 }
 
 json read_json(const fs::path& path) {
-  try {
-    return json::parse(read_text(path));
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON ({})", path.string(), e.what());
-  }
+  return parse_json<json>(read_text(path), path.string());
 }
 
 // A special token is a string or an AddedToken object {"content": ..., "lstrip": ...}.
@@ -124,6 +121,11 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
 
 std::string ChatTemplate::render(const json& messages, const json& tools, bool add_generation_prompt,
                                  const json& extra_kwargs, const jinja::RenderOptions& options) const {
+  return render_marked(messages, tools, add_generation_prompt, extra_kwargs, options).text;
+}
+
+jinja::RenderedText ChatTemplate::render_marked(const json& messages, const json& tools, bool add_generation_prompt,
+                                                const json& extra_kwargs, const jinja::RenderOptions& options) const {
   if (templates_.empty()) {
     fail(
         "{}: the model has no chat template (no chat_template.jinja, and no chat_template in "
@@ -146,6 +148,10 @@ std::string ChatTemplate::render(const json& messages, const json& tools, bool a
     fail("{}: the model has several chat templates ({}) and none is named 'default'", origin_, names);
   }
 
+  // Everything the client sent is input; the model's special tokens and the flags are not. Roles
+  // stay unmarked: templates build markup from them ('<|' + role + '|>') and requests may only
+  // name known roles.
+  jinja::InputMarking marking{.variables = {"messages", "tools"}, .trusted_keys = {"role"}};
   json variables = json::object();
   variables["messages"] = messages;
   variables["tools"] = tools;
@@ -158,9 +164,10 @@ std::string ChatTemplate::render(const json& messages, const json& tools, bool a
         fail("chat template: '{}' cannot be passed as an extra template argument", key);
       }
       variables[key] = value;
+      marking.variables.push_back(key);
     }
   }
-  return it->second.render(variables, options);
+  return it->second.render_marked(variables, marking, options);
 }
 
 }  // namespace spill

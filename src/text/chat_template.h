@@ -48,6 +48,12 @@ class ChatTemplate {
                      bool add_generation_prompt, const nlohmann::ordered_json& extra_kwargs,
                      const jinja::RenderOptions& options = {}) const;
 
+  // Same, and which bytes of the prompt came from the client (message content, tools, extra
+  // kwargs): the spans the tokenizer must not read special tokens in (see jinja::InputMarking).
+  jinja::RenderedText render_marked(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                    bool add_generation_prompt, const nlohmann::ordered_json& extra_kwargs,
+                                    const jinja::RenderOptions& options = {}) const;
+
   // The special tokens the template sees, e.g. {"bos_token": "<s>", "eos_token": "</s>"}.
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
 

@@ -36,10 +36,15 @@ Template::Template(std::string_view source, Options options) {
 }
 
 std::string Template::render(const nlohmann::ordered_json& variables, const RenderOptions& options) const {
+  return render_marked(variables, InputMarking{}, options).text;
+}
+
+RenderedText Template::render_marked(const nlohmann::ordered_json& variables, const InputMarking& marking,
+                                     const RenderOptions& options) const {
   if (!variables.is_object()) fail("{}: template variables must be a JSON object", program_->options.name);
   try {
     detail::Interpreter interpreter(*program_, options);
-    return interpreter.render(variables);
+    return interpreter.render(variables, marking);
   } catch (const detail::TemplateError& e) {
     rethrow(e, program_->options.name);
   } catch (const std::bad_alloc&) {

@@ -60,6 +60,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "text/text_span.h"
 
 namespace spill::jinja {
 
@@ -72,9 +75,43 @@ struct Options {
   std::string name = "template";
 };
 
+// Chat templates come from downloaded model folders: a render is bounded in the depth of its
+// recursion (expressions, statements, macro calls, and printing, comparing, serialising or
+// destroying nested values), in the bytes of any one string it builds and of its output, and in
+// time. Past a limit it raises (RecursionError, OverflowError, TemplateRuntimeError) with a
+// message naming the limit; nothing a template does can crash or hang the process.
+struct RenderLimits {
+  // Far above real templates (< 30 levels) and the 200 nested macro calls jinja2 allows; below
+  // what a thread's default 8 MiB stack holds even under ASan (tests/hostile_input_test.cpp
+  // renders to this limit, and CI runs it under ASan).
+  int max_nesting = 1000;
+  // Any one string and the whole output; real prompts are a few MB at most.
+  size_t max_bytes = size_t(64) << 20;
+  double max_seconds = 10;
+};
+
 struct RenderOptions {
   // The local time strftime_now() formats; unset: the current local time.
   std::optional<std::tm> now;
+  RenderLimits limits;
+};
+
+// Which template variables hold untrusted input (a chat request's messages and tools). Every
+// string inside them is marked; marks follow strings through the template: concatenation (`~`,
+// `+`, join, printing one after another) keeps them byte-exact, and any other operation on a
+// marked operand (filters, methods, slicing, tojson) marks its whole result. render_marked()
+// then reports which bytes of the output came from input, so the caller can keep the tokenizer
+// from reading special tokens there (role injection: "<|im_end|><|im_start|>system" typed in a
+// message). Templates that build markup out of input (`'<|' + role + '|>'`) see that markup
+// marked; trusted_keys exempts members such values come from.
+struct InputMarking {
+  std::vector<std::string> variables;
+  std::vector<std::string> trusted_keys;  // e.g. "role": the server accepts only known roles
+};
+
+struct RenderedText {
+  std::string text;
+  std::vector<TextSpan> input;  // byte ranges of text that came from input, sorted
 };
 
 struct Program;
@@ -87,6 +124,8 @@ class Template {
 
   // `variables` must be a JSON object: each member becomes a template variable.
   std::string render(const nlohmann::ordered_json& variables, const RenderOptions& options = {}) const;
+  RenderedText render_marked(const nlohmann::ordered_json& variables, const InputMarking& marking,
+                             const RenderOptions& options = {}) const;
 
  private:
   std::shared_ptr<const Program> program_;

@@ -212,6 +212,7 @@ Value f_indent(Interpreter&, const Value& v, CallArgs& args) {
     for (size_t i = 0; i < lines.size(); ++i) {
       if (i) rv += "\n" + indention;
       rv += encode_utf8(lines[i]);
+      check_result_size(double(rv.size()));
     }
   } else {
     rv = lines.empty() ? "" : encode_utf8(lines[0]);
@@ -219,6 +220,7 @@ Value f_indent(Interpreter&, const Value& v, CallArgs& args) {
       rv += "\n";
       if (!lines[i].empty()) rv += indention;
       rv += encode_utf8(lines[i]);
+      check_result_size(double(rv.size()));
     }
   }
   if (first) rv = indention + rv;
@@ -244,6 +246,7 @@ Value f_join(Interpreter& interp, const Value& v, CallArgs& args) {
     if (!first) out += sep;
     first = false;
     out += to_str(a[1] ? lookup_attribute(interp, item, parts) : item);
+    check_result_size(double(out.size()));
   }
   return Value::string(std::move(out));
 }

@@ -19,6 +19,14 @@ const Value* Scope::find(std::string_view name) const {
   return nullptr;
 }
 
+Scope::~Scope() {
+  std::vector<Value> held;
+  held.reserve(vars.size());
+  for (auto& [name, v] : vars) held.push_back(std::move(v));
+  vars.clear();
+  Value::release_all(held);
+}
+
 void Scope::set(std::string_view name, Value value) {
   for (auto& [k, v] : vars) {
     if (k == name) {
@@ -69,7 +77,8 @@ Value repeat(const Value& seq, int64_t times) {
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += seq.as_string();
-    return Value::string(std::move(out));
+    Value result = Value::string(std::move(out));
+    return contains_input(seq) ? mark_as_input(result) : result;
   }
   Seq out;
   for (int64_t i = 0; i < times; ++i) out.insert(out.end(), seq.items().begin(), seq.items().end());
@@ -87,7 +96,10 @@ double py_fmod(double a, double b) {
 
 static Value binary_op(ExprKind k, const Value& a, const Value& b, Interpreter& interp) {
   // str % x formats whatever x is (an Undefined only fails if a %(key)s looks into it).
-  if (k == ExprKind::kMod && a.is_string()) return Value::string(percent_format(interp, a.as_string(), b));
+  if (k == ExprKind::kMod && a.is_string()) {
+    Value formatted = Value::string(percent_format(interp, a.as_string(), b));
+    return contains_input(a) || contains_input(b) ? mark_as_input(formatted) : formatted;
+  }
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   const bool numbers = a.is_number() && b.is_number();
@@ -100,7 +112,12 @@ static Value binary_op(ExprKind k, const Value& a, const Value& b, Interpreter& 
         return Value::integer(r);
       }
       if (numbers) return Value::number(a.as_float() + b.as_float());
-      if (a.is_string() && b.is_string()) return Value::string(a.as_string() + b.as_string());
+      if (a.is_string() && b.is_string()) {
+        MarkedText sum;
+        sum.append(a);
+        sum.append(b);
+        return sum.take();
+      }
       if ((a.kind() == Kind::kList && b.kind() == Kind::kList) ||
           (a.kind() == Kind::kTuple && b.kind() == Kind::kTuple)) {
         Seq out = a.items();
@@ -265,22 +282,30 @@ std::tm Interpreter::now() const {
   return tm;
 }
 
-std::string Interpreter::render(const nlohmann::ordered_json& variables) {
+RenderedText Interpreter::render(const nlohmann::ordered_json& variables, const InputMarking& marking) {
+  RenderLimitsScope limits(options_.limits);
   auto globals = std::make_shared<Scope>();
   add_globals(*globals);
   auto context = std::make_shared<Scope>(globals);
-  for (const auto& [key, value] : variables.items()) context->set(key, from_json(value));
+  for (const auto& [key, value] : variables.items()) {
+    const bool input =
+        std::find(marking.variables.begin(), marking.variables.end(), key) != marking.variables.end();
+    context->set(key, input ? from_json_marked(value, marking.trusted_keys) : from_json(value));
+  }
   auto top = std::make_shared<Scope>(context);
-  std::string out;
+  MarkedText out;
   exec(program_.body, top, out);
-  return out;
+  return RenderedText{std::move(out.text), std::move(out.input)};
 }
 
-Flow Interpreter::exec(const Body& body, const ScopePtr& scope, std::string& out) {
+Flow Interpreter::exec(const Body& body, const ScopePtr& scope, MarkedText& out) {
   for (const auto& s : body) {
     Flow flow;
     try {
+      NestingGuard nest;
+      check_deadline();
       flow = exec_stmt(*s, scope, out);
+      check_result_size(double(out.text.size()));
     } catch (TemplateError& e) {
       if (e.line == 0) e.line = s->line;
       throw;
@@ -290,13 +315,13 @@ Flow Interpreter::exec(const Body& body, const ScopePtr& scope, std::string& out
   return Flow::kNormal;
 }
 
-Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
+Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, MarkedText& out) {
   switch (s.kind) {
     case StmtKind::kText:
-      out += static_cast<const TextStmt&>(s).text;
+      out.append(std::string_view(static_cast<const TextStmt&>(s).text));
       return Flow::kNormal;
     case StmtKind::kPrint:
-      out += to_str(eval(*static_cast<const PrintStmt&>(s).expr, scope));
+      out.append(eval(*static_cast<const PrintStmt&>(s).expr, scope));
       return Flow::kNormal;
     case StmtKind::kIf: {
       const auto& n = static_cast<const IfStmt&>(s);
@@ -314,10 +339,10 @@ Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& o
     }
     case StmtKind::kSetBlock: {
       const auto& n = static_cast<const SetBlockStmt&>(s);
-      std::string text;
+      MarkedText text;
       // jinja2 inlines block bodies in the loop around them: a break leaves before the assignment.
       if (Flow flow = exec(n.body, std::make_shared<Scope>(scope), text); flow != Flow::kNormal) return flow;
-      Value value = Value::string(std::move(text));
+      Value value = text.take();
       if (n.filter) value = eval_filter(static_cast<const FilterExpr&>(*n.filter), scope, &value);
       assign(*n.target, value, scope);
       return Flow::kNormal;
@@ -333,15 +358,15 @@ Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& o
       Value callee = eval(*call.callee, scope);
       CallArgs args = eval_args(call.args, scope, call.line);
       args.keyword.emplace_back("caller", make_macro(n.caller, scope));
-      out += to_str(this->call(callee, args));
+      out.append(this->call(callee, args));
       return Flow::kNormal;
     }
     case StmtKind::kFilterBlock: {
       const auto& n = static_cast<const FilterBlockStmt&>(s);
-      std::string text;
+      MarkedText text;
       if (Flow flow = exec(n.body, std::make_shared<Scope>(scope), text); flow != Flow::kNormal) return flow;
-      Value value = Value::string(std::move(text));
-      out += to_str(eval_filter(static_cast<const FilterExpr&>(*n.filter), scope, &value));
+      Value value = text.take();
+      out.append(eval_filter(static_cast<const FilterExpr&>(*n.filter), scope, &value));
       return Flow::kNormal;
     }
     case StmtKind::kWith: {
@@ -360,7 +385,7 @@ Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& o
   return Flow::kNormal;
 }
 
-Flow Interpreter::exec_for(const ForStmt& s, const ScopePtr& scope, std::string& out) {
+Flow Interpreter::exec_for(const ForStmt& s, const ScopePtr& scope, MarkedText& out) {
   Value iterable = eval(*s.iter, scope);
   Seq all = iterate(iterable);
   auto items = std::make_shared<Seq>();
@@ -376,6 +401,7 @@ Flow Interpreter::exec_for(const ForStmt& s, const ScopePtr& scope, std::string&
   auto last_changed = std::make_shared<Value>();
   auto loop_items = std::shared_ptr<const Seq>(items);
   for (size_t i = 0; i < items->size(); ++i) {
+    check_deadline();  // an empty body runs no statement that would
     auto iteration = std::make_shared<Scope>(scope);
     assign(*s.target, (*items)[i], iteration);
     auto state = std::make_shared<LoopState>();
@@ -512,15 +538,17 @@ Value Interpreter::invoke_macro(const MacroDef& m, const ScopePtr& closure, Call
     if (args.positional.size() > count) rest.assign(args.positional.begin() + long(count), args.positional.end());
     scope->set("varargs", Value::tuple(std::move(rest)));
   }
-  std::string out;
+  MarkedText out;
   exec(m.body, scope, out);
-  return Value::string(std::move(out));
+  return out.take();
 }
 
 // ---- expressions ----------------------------------------------------------------------------------
 
 Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
   try {
+    NestingGuard nest;
+    check_deadline();
     return eval_inner(e, scope);
   } catch (TemplateError& err) {
     if (err.line == 0) err.line = e.line;
@@ -555,7 +583,7 @@ Value Interpreter::eval_filter(const FilterExpr& f, const ScopePtr& scope, const
   CallArgs args = eval_args(f.args, scope, f.line);
   if (!f.filter) raise(ErrorKind::kRuntime, fmt::format("No filter named {} found.", repr_string(f.name)));
   try {
-    return f.filter(*this, subject, args);
+    return mark_derived(f.filter(*this, subject, args), subject, args);
   } catch (TemplateError& err) {
     if (err.line == 0) err.line = f.line;
     throw;
@@ -565,7 +593,20 @@ Value Interpreter::eval_filter(const FilterExpr& f, const ScopePtr& scope, const
 Value Interpreter::call_filter(const std::string& name, const Value& value, CallArgs& args) {
   FilterFn fn = find_filter(name);
   if (!fn) raise(ErrorKind::kFilterArgument, fmt::format("No filter named {}.", repr_string(name)));
-  return fn(*this, value, args);
+  return mark_derived(fn(*this, value, args), value, args);
+}
+
+// A string a filter or method computed from marked operands is marked whole: which of its bytes
+// came from input is not known (trim, replace, tojson, format, ...), and marking too much only
+// keeps special tokens out of it. Lists of strings (split, list) are marked item by item.
+// Results that are existing values (first, default, select, get) already carry their marks.
+Value mark_derived(const Value& result, const Value& subject, const CallArgs& args) {
+  const bool text = result.is_string() || (result.is_sequence() && subject.is_string());
+  if (!text) return result;
+  bool input = contains_input(subject);
+  for (const Value& a : args.positional) input = input || contains_input(a);
+  for (const auto& [k, a] : args.keyword) input = input || contains_input(a);
+  return input ? mark_as_input(result) : result;
 }
 
 bool Interpreter::call_test(const std::string& name, const Value& value, CallArgs& args) {
@@ -603,7 +644,15 @@ Value Interpreter::getattr(const Value& obj, std::string_view name) {
     case Kind::kString:
     case Kind::kList:
     case Kind::kTuple:
-      if (auto method = builtin_method(obj, name)) return *method;
+      if (auto method = builtin_method(obj, name)) {
+        // str methods compute new strings: mark their results like filters' (mark_derived).
+        if (!obj.is_string() || method->kind() != Kind::kFunction) return *method;
+        return Value::function(method->as<Function>().name, [method = *method, self = obj](Interpreter& interp,
+                                                                                         CallArgs& args) {
+          Value result = interp.call(method, args);
+          return mark_derived(result, self, args);
+        });
+      }
       if (obj.is_dict()) {
         if (const Value* v = obj.as_dict().find(name)) return *v;
       }
@@ -636,7 +685,8 @@ Value Interpreter::getitem(const Value& obj, const Value& key) {
         if (i >= 0 && i < n) {
           if (!obj.is_string()) return obj.items()[size_t(i)];
           std::u32string u = decode_utf8(obj.as_string());
-          return Value::string(encode_utf8(std::u32string_view(u).substr(size_t(i), 1)));
+          Value ch = Value::string(encode_utf8(std::u32string_view(u).substr(size_t(i), 1)));
+          return contains_input(obj) ? mark_as_input(ch) : ch;
         }
         UndefinedInfo info;
         info.has_object = true;
@@ -674,7 +724,7 @@ Value Interpreter::eval_slice(const Value& obj, const SliceExpr& s, const ScopeP
   Value stop = s.stop ? eval(*s.stop, scope) : Value::none();
   Value step = s.step ? eval(*s.step, scope) : Value::none();
   if (obj.is_undefined()) fail_undefined(obj);
-  if (auto v = slice_value(obj, start, stop, step)) return *v;
+  if (auto v = slice_value(obj, start, stop, step)) return obj.is_string() && contains_input(obj) ? mark_as_input(*v) : *v;
   if (obj.is_string() || obj.kind() == Kind::kList || obj.kind() == Kind::kTuple) {
     type_error("slice indices must be integers or None or have an __index__ method");
   }
@@ -759,9 +809,9 @@ Value Interpreter::eval_inner(const Expr& e, const ScopePtr& scope) {
       return Value::boolean(true);
     }
     case ExprKind::kConcat: {
-      std::string out;
-      for (const auto& p : static_cast<const ConcatExpr&>(e).parts) out += to_str(eval(*p, scope));
-      return Value::string(std::move(out));
+      MarkedText out;
+      for (const auto& p : static_cast<const ConcatExpr&>(e).parts) out.append(eval(*p, scope));
+      return out.take();
     }
     case ExprKind::kCondExpr: {
       const auto& n = static_cast<const CondExpr&>(e);

@@ -20,6 +20,9 @@ struct Scope {
   std::vector<std::pair<std::string, Value>> vars;
 
   explicit Scope(std::shared_ptr<Scope> p = nullptr) : parent(std::move(p)) {}
+  ~Scope();  // releases its values iteratively (see ~Value)
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
   const Value* find(std::string_view name) const;
   void set(std::string_view name, Value value);
 };
@@ -37,7 +40,7 @@ class Interpreter {
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
 
-  std::string render(const nlohmann::ordered_json& variables);
+  RenderedText render(const nlohmann::ordered_json& variables, const InputMarking& marking);
 
   // Python/jinja2 operations the builtins share.
   Value call(const Value& callee, CallArgs& args);
@@ -64,14 +67,17 @@ class Interpreter {
   Value eval_filter(const FilterExpr& f, const ScopePtr& scope, const Value* block_text);
   Value eval_slice(const Value& obj, const SliceExpr& s, const ScopePtr& scope);
 
-  Flow exec(const Body& body, const ScopePtr& scope, std::string& out);
-  Flow exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out);
-  Flow exec_for(const ForStmt& s, const ScopePtr& scope, std::string& out);
+  Flow exec(const Body& body, const ScopePtr& scope, MarkedText& out);
+  Flow exec_stmt(const Stmt& s, const ScopePtr& scope, MarkedText& out);
+  Flow exec_for(const ForStmt& s, const ScopePtr& scope, MarkedText& out);
   void assign(const Expr& target, const Value& value, const ScopePtr& scope);
 
   Value make_macro(std::shared_ptr<const MacroDef> macro, ScopePtr closure);
   Value invoke_macro(const MacroDef& macro, const ScopePtr& closure, CallArgs& args);
 };
+
+// `result` of a filter or str method applied to subject and args, marked as input if they hold any.
+Value mark_derived(const Value& result, const Value& subject, const CallArgs& args);
 
 // Python's a + b (sum filter).
 Value python_add(Interpreter& interp, const Value& a, const Value& b);

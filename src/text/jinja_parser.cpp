@@ -79,14 +79,33 @@ class Parser {
   size_t index_ = 0;
   int depth_ = 0;  // nesting of blocks and parenthesized expressions
 
-  // Bounds the recursion of the parser (and so of the interpreter) on adversarial templates.
-  static constexpr int kMaxDepth = 256;
+  // Bounds the height of the syntax tree, and so the recursion of the parser, the validation
+  // pass, the interpreter and the tree's destructor, on adversarial templates. Recursive descent
+  // counts one level per call (Nest); operator, filter, test, attribute and call chains such as
+  // `a.b.c...` or `x|f|f|f...` are loops that deepen the tree without recursing, so each link
+  // counts one level for as long as the chain is being parsed (Chain).
+  static constexpr int kMaxDepth = 200;
+  void deepen(int line) {
+    if (++depth_ > kMaxDepth)
+      syntax_error(fmt::format("template nesting is too deep (more than {} levels of blocks, brackets or "
+                               "operator/filter/attribute chains)",
+                               kMaxDepth),
+                   line);
+  }
   struct Nest {
     Parser& p;
-    explicit Nest(Parser& parser) : p(parser) {
-      if (++p.depth_ > kMaxDepth) syntax_error("template nesting is too deep", p.current().line);
-    }
+    explicit Nest(Parser& parser) : p(parser) { p.deepen(p.current().line); }
     ~Nest() { --p.depth_; }
+  };
+  struct Chain {
+    Parser& p;
+    int links = 0;
+    explicit Chain(Parser& parser) : p(parser) {}
+    void link() {
+      ++links;
+      p.deepen(p.current().line);
+    }
+    ~Chain() { p.depth_ -= links; }
   };
   std::vector<std::string> tag_stack_;
   std::vector<std::vector<Want>> end_token_stack_;
@@ -370,7 +389,9 @@ class Parser {
     Nest nest(*this);
     int line = current().line;
     ExprPtr expr1 = parse_or();
+    Chain chain(*this);
     while (skip_if(name("if"))) {
+      chain.link();
       ExprPtr expr2 = parse_or();
       ExprPtr expr3;
       if (skip_if(name("else"))) expr3 = parse_condexpr();
@@ -383,7 +404,9 @@ class Parser {
   ExprPtr parse_or() {
     int line = current().line;
     ExprPtr left = parse_and();
+    Chain chain(*this);
     while (skip_if(name("or"))) {
+      chain.link();
       left = std::make_unique<BinaryExpr>(ExprKind::kOr, std::move(left), parse_and(), line);
       line = current().line;
     }
@@ -393,7 +416,9 @@ class Parser {
   ExprPtr parse_and() {
     int line = current().line;
     ExprPtr left = parse_not();
+    Chain chain(*this);
     while (skip_if(name("and"))) {
+      chain.link();
       left = std::make_unique<BinaryExpr>(ExprKind::kAnd, std::move(left), parse_not(), line);
       line = current().line;
     }
@@ -413,7 +438,9 @@ class Parser {
     int line = current().line;
     ExprPtr expr = parse_math1();
     std::unique_ptr<CompareExpr> cmp;
+    Chain chain(*this);  // a flat list of operands, but evaluated in one frame per link
     auto add = [&](CompareOp o) {
+      chain.link();
       if (!cmp) cmp = std::make_unique<CompareExpr>(std::move(expr), line);
       cmp->rest.emplace_back(o, parse_math1());
     };
@@ -447,7 +474,9 @@ class Parser {
   ExprPtr parse_math1() {
     int line = current().line;
     ExprPtr left = parse_concat();
+    Chain chain(*this);
     while (current_op("+") || current_op("-")) {
+      chain.link();
       ExprKind k = next().value == "+" ? ExprKind::kAdd : ExprKind::kSub;
       left = std::make_unique<BinaryExpr>(k, std::move(left), parse_concat(), line);
       line = current().line;
@@ -468,7 +497,9 @@ class Parser {
   ExprPtr parse_math2() {
     int line = current().line;
     ExprPtr left = parse_pow();
+    Chain chain(*this);
     while (current_op("*") || current_op("/") || current_op("//") || current_op("%")) {
+      chain.link();
       std::string o = next().value;
       ExprKind k = o == "*"    ? ExprKind::kMul
                    : o == "/"  ? ExprKind::kDiv
@@ -483,7 +514,9 @@ class Parser {
   ExprPtr parse_pow() {
     int line = current().line;
     ExprPtr left = parse_unary(true);
+    Chain chain(*this);
     while (skip_if(op("**"))) {
+      chain.link();
       left = std::make_unique<BinaryExpr>(ExprKind::kPow, std::move(left), parse_unary(true), line);
       line = current().line;
     }
@@ -605,7 +638,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    Chain chain(*this);
     while (true) {
+      if (current_op(".") || current_op("[") || current_op("(")) chain.link();
       if (current_op(".") || current_op("[")) {
         node = parse_subscript(std::move(node));
       } else if (current_op("(")) {
@@ -617,7 +652,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
+    Chain chain(*this);
     while (true) {
+      if (current_op("|") || current().is_name("is") || current_op("(")) chain.link();
       if (current_op("|")) {
         node = parse_filter(std::move(node), false);
       } else if (current().is_name("is")) {
@@ -717,7 +754,9 @@ class Parser {
   }
 
   ExprPtr parse_filter(ExprPtr node, bool start_inline) {
+    Chain chain(*this);
     while (current_op("|") || start_inline) {
+      chain.link();
       if (!start_inline) next();
       const Token& token = expect({TokenType::kName, {}});
       std::string filter_name = token.value;
@@ -904,7 +943,7 @@ class Validator {
           n.test = find_test(n.name);
         }
         if (!soft && !n.filter && !n.test) {
-          throw TemplateError{ErrorKind::kSyntax,
+          throw TemplateError{ErrorKind::kAssertion,
                               fmt::format("No {} named {}.", is_filter ? "filter" : "test", repr_string(n.name)),
                               e.line};
         }

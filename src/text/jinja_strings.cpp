@@ -106,6 +106,7 @@ std::string replace_all(std::string_view s, std::string_view old, std::string_vi
         ++done;
       }
       if (i < u.size()) append_utf8(out, u[i]);
+      check_result_size(double(out.size()));
     }
     return out;
   }
@@ -116,6 +117,7 @@ std::string replace_all(std::string_view s, std::string_view old, std::string_vi
     if (hit == std::string_view::npos) break;
     out.append(s.substr(pos, hit - pos));
     out.append(replacement);
+    check_result_size(double(out.size()));
     pos = hit + old.size();
     ++done;
   }
@@ -796,6 +798,7 @@ Value call_str_method(Interpreter& interp, std::string_view name, const Value& s
       }
       if (i) out += s;
       out += items[i].as_string();
+      check_result_size(double(out.size()));
     }
     return Value::string(std::move(out));
   }

@@ -6,6 +6,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,8 @@ const char* error_kind_name(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kSyntax:
       return "TemplateSyntaxError";
+    case ErrorKind::kAssertion:
+      return "TemplateAssertionError";
     case ErrorKind::kRaised:
       return "TemplateError";
     case ErrorKind::kUndefined:
@@ -73,9 +76,21 @@ Value Value::number(double f) {
   return v;
 }
 Value Value::string(std::string s) {
+  // The backstop for every string a template builds (the operations that could build one far
+  // larger than their operands check before they allocate).
+  check_result_size(double(s.size()));
   Value v;
   v.kind_ = Kind::kString;
   v.ptr_ = std::make_shared<const std::string>(std::move(s));
+  return v;
+}
+Value Value::string(std::string s, std::vector<TextSpan> input) {
+  if (input.empty()) return string(std::move(s));
+  check_result_size(double(s.size()));
+  Value v;
+  v.kind_ = Kind::kString;
+  v.marked_ = true;
+  v.ptr_ = std::shared_ptr<const std::string>(std::make_shared<const MarkedString>(std::move(s), std::move(input)));
   return v;
 }
 Value Value::list(Seq items) {
@@ -157,6 +172,126 @@ const void* Value::identity() const {
         }
       },
       ptr_);
+}
+
+// ---- iterative destruction ------------------------------------------------------------------------
+
+namespace {
+
+// Values whose containers are being released on this thread, and whether a destructor further up
+// the stack is already draining them.
+thread_local std::vector<Value> t_release_queue;
+thread_local bool t_draining = false;
+
+void drain_release_queue() noexcept {
+  t_draining = true;
+  while (!t_release_queue.empty()) {
+    // Destroying `v` may push its own children onto the queue; it never recurses into them.
+    Value v = std::move(t_release_queue.back());
+    t_release_queue.pop_back();
+  }
+  t_draining = false;
+}
+
+}  // namespace
+
+void Value::release_all(std::vector<Value>& values) noexcept {
+  for (Value& v : values)
+    if (v.ptr_.index() > 1) t_release_queue.push_back(std::move(v));
+  values.clear();
+  if (!t_draining) drain_release_queue();
+}
+
+void Value::release_nested() noexcept {
+  // A moved-from Value (as vector reallocation leaves behind, the queue's own included) holds a
+  // null pointer: nothing to release, and it must not start draining the queue being resized.
+  if (!identity()) return;
+  auto take = [](Value& child) {
+    if (child.ptr_.index() > 1) t_release_queue.push_back(std::move(child));
+  };
+  // Only the last owner takes the children; the payloads were created non-const (list(), dict()),
+  // so moving out of them through const_cast is well defined.
+  if (auto* seq = std::get_if<std::shared_ptr<const Seq>>(&ptr_)) {
+    if (seq->use_count() == 1)
+      for (Value& child : const_cast<Seq&>(**seq)) take(child);
+  } else if (auto* dict = std::get_if<std::shared_ptr<const Dict>>(&ptr_)) {
+    if (dict->use_count() == 1)
+      for (auto& [k, child] : const_cast<Dict&>(**dict).entries) {
+        take(const_cast<Value&>(k));
+        take(child);
+      }
+  }
+  // Objects (namespaces, macros and their scopes) hand over what they hold in their destructors.
+  const bool outer = !t_draining;
+  t_draining = true;
+  ptr_ = std::monostate{};
+  if (outer) drain_release_queue();
+}
+
+Namespace::~Namespace() {
+  std::vector<Value> held;
+  held.reserve(attributes.entries.size() * 2);
+  for (auto& [k, v] : attributes.entries) {
+    held.push_back(std::move(k));
+    held.push_back(std::move(v));
+  }
+  attributes.entries.clear();
+  Value::release_all(held);
+}
+
+// ---- limits of the render on this thread -----------------------------------------------------------
+
+namespace {
+
+struct ThreadLimits {
+  RenderLimits limits;
+  int nesting = 0;
+  unsigned ticks = 0;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+thread_local ThreadLimits t_limits;
+
+}  // namespace
+
+struct RenderLimitsScope::Saved {
+  ThreadLimits previous;
+};
+
+RenderLimitsScope::RenderLimitsScope(const RenderLimits& limits) : saved_(std::make_unique<Saved>()) {
+  saved_->previous = t_limits;
+  t_limits = ThreadLimits{};
+  t_limits.limits = limits;
+  if (limits.max_seconds > 0 && limits.max_seconds < 1e9)
+    t_limits.deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(limits.max_seconds));
+}
+
+RenderLimitsScope::~RenderLimitsScope() { t_limits = saved_->previous; }
+
+NestingGuard::NestingGuard() {
+  if (++t_limits.nesting > t_limits.limits.max_nesting) {
+    --t_limits.nesting;
+    raise(ErrorKind::kRecursion,
+          fmt::format("maximum recursion depth exceeded: the template nests expressions, statements, macro calls "
+                      "or values deeper than {} levels",
+                      t_limits.limits.max_nesting));
+  }
+}
+
+NestingGuard::~NestingGuard() { --t_limits.nesting; }
+
+void check_result_size(double bytes) {
+  if (bytes > double(t_limits.limits.max_bytes))
+    raise(ErrorKind::kOverflow, fmt::format("the result would be larger than the render's limit of {} bytes",
+                                            t_limits.limits.max_bytes));
+}
+
+void check_deadline() {
+  if ((++t_limits.ticks & 255) != 0) return;
+  if (std::chrono::steady_clock::now() > t_limits.deadline)
+    raise(ErrorKind::kRuntime,
+          fmt::format("the template ran longer than the render's limit of {} seconds", t_limits.limits.max_seconds));
 }
 
 std::string UndefinedInfo::message() const {
@@ -340,6 +475,7 @@ static std::string join_repr(const Seq& items) {
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += ", ";
     out += repr(items[i]);
+    check_result_size(double(out.size()));
   }
   return out;
 }
@@ -356,6 +492,7 @@ std::string to_str(const Value& v) {
 }
 
 std::string repr(const Value& v) {
+  NestingGuard nest;
   switch (v.kind()) {
     case Kind::kUndefined:
       return "Undefined";
@@ -382,6 +519,7 @@ std::string repr(const Value& v) {
         if (!first) out += ", ";
         first = false;
         out += repr(k) + ": " + repr(val);
+        check_result_size(double(out.size()));
       }
       return out + "}";
     }
@@ -407,6 +545,7 @@ bool equals(const Value& a, const Value& b) {
     return a.as_int() == b.as_int();
   }
   if (a.kind() != b.kind()) return false;
+  NestingGuard nest;
   switch (a.kind()) {
     case Kind::kUndefined:
     case Kind::kNone:
@@ -452,6 +591,7 @@ static std::optional<int> order(const Value& a, const Value& b) {
     return c < 0 ? -1 : (c > 0 ? 1 : 0);
   }
   if ((a.kind() == Kind::kList && b.kind() == Kind::kList) || (a.kind() == Kind::kTuple && b.kind() == Kind::kTuple)) {
+    NestingGuard nest;
     const Seq& x = a.items();
     const Seq& y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -472,9 +612,6 @@ int compare(const Value& a, const Value& b, std::string_view op) {
   return *o;
 }
 
-void check_result_size(double bytes) {
-  if (bytes > double(1 << 30)) raise(ErrorKind::kOverflow, "the result would be larger than 1 GiB");
-}
 
 void fail_undefined(const Value& v) {
   if (const Object* obj = v.object()) {
@@ -489,9 +626,11 @@ void require_hashable(const Value& v) {
     case Kind::kList:
     case Kind::kDict:
       type_error("unhashable type: '" + type_name(v) + "'");
-    case Kind::kTuple:
+    case Kind::kTuple: {
+      NestingGuard nest;
       for (const Value& item : v.items()) require_hashable(item);
       return;
+    }
     default:
       return;
   }
@@ -515,7 +654,12 @@ Seq iterate(const Value& v) {
         } else if (c >= 0xc0) {
           len = 2;
         }
-        out.push_back(Value::string(s.substr(i, len)));
+        // A character of a marked string is marked if any of its bytes is (conservatively).
+        bool marked = false;
+        for (const TextSpan& span : v.input_spans()) marked |= span.begin < i + len && span.end > i;
+        std::string ch = s.substr(i, len);
+        const size_t n = ch.size();
+        out.push_back(marked ? Value::string(std::move(ch), {TextSpan{0, n}}) : Value::string(std::move(ch)));
         i += len;
       }
       return out;
@@ -550,6 +694,119 @@ int64_t length(const Value& v) {
   }
 }
 
+// ---- untrusted input -------------------------------------------------------------------------------
+
+bool contains_input(const Value& v) {
+  switch (v.kind()) {
+    case Kind::kString:
+      return !v.input_spans().empty();
+    case Kind::kList:
+    case Kind::kTuple:
+    case Kind::kIterator: {
+      NestingGuard nest;
+      for (const Value& item : v.items())
+        if (contains_input(item)) return true;
+      return false;
+    }
+    case Kind::kDict: {
+      NestingGuard nest;
+      for (const auto& [k, item] : v.as_dict().entries)
+        if (contains_input(k) || contains_input(item)) return true;
+      return false;
+    }
+    case Kind::kNamespace: {
+      NestingGuard nest;
+      for (const auto& [k, item] : v.as<Namespace>().attributes.entries)
+        if (contains_input(k) || contains_input(item)) return true;
+      return false;
+    }
+    default:
+      return false;
+  }
+}
+
+Value mark_as_input(const Value& v) {
+  switch (v.kind()) {
+    case Kind::kString: {
+      const std::string& s = v.as_string();
+      if (s.empty()) return v;
+      const auto spans = v.input_spans();
+      if (spans.size() == 1 && spans[0] == TextSpan{0, s.size()}) return v;
+      return Value::string(s, {TextSpan{0, s.size()}});
+    }
+    case Kind::kList:
+    case Kind::kTuple:
+    case Kind::kIterator: {
+      Seq items;
+      items.reserve(v.items().size());
+      for (const Value& item : v.items()) items.push_back(item.is_string() ? mark_as_input(item) : item);
+      if (v.kind() == Kind::kList) return Value::list(std::move(items));
+      return v.kind() == Kind::kTuple ? Value::tuple(std::move(items)) : Value::iterator(std::move(items));
+    }
+    default:
+      return v;
+  }
+}
+
+void MarkedText::append(const Value& v) {
+  const size_t base = text.size();
+  if (v.is_string()) {
+    text += v.as_string();
+    for (const TextSpan& span : v.input_spans()) add_span(input, base + span.begin, base + span.end);
+  } else {
+    text += to_str(v);
+    if (contains_input(v)) add_span(input, base, text.size());
+  }
+  check_result_size(double(text.size()));
+}
+
+void MarkedText::append(const MarkedText& other) {
+  const size_t base = text.size();
+  text += other.text;
+  for (const TextSpan& span : other.input) add_span(input, base + span.begin, base + span.end);
+  check_result_size(double(text.size()));
+}
+
+Value MarkedText::take() {
+  Value v = Value::string(std::move(text), std::move(input));
+  text.clear();
+  input.clear();
+  return v;
+}
+
+namespace {
+
+Value from_json_impl(const nlohmann::ordered_json& j, const std::vector<std::string>* trusted_keys) {
+  if (j.is_string() && trusted_keys) {
+    std::string s = j.get<std::string>();
+    const size_t n = s.size();
+    return n ? Value::string(std::move(s), {TextSpan{0, n}}) : Value::string(std::move(s));
+  }
+  if (!trusted_keys || (!j.is_array() && !j.is_object())) return from_json(j);
+  NestingGuard nest;
+  if (j.is_array()) {
+    Seq items;
+    items.reserve(j.size());
+    for (const auto& item : j) items.push_back(from_json_impl(item, trusted_keys));
+    return Value::list(std::move(items));
+  }
+  Dict d;
+  d.entries.reserve(j.size());
+  for (const auto& [key, item] : j.items()) {
+    const bool trusted = std::find(trusted_keys->begin(), trusted_keys->end(), key) != trusted_keys->end();
+    const size_t n = key.size();
+    d.entries.emplace_back(n ? Value::string(key, {TextSpan{0, n}}) : Value::string(key),
+                           from_json_impl(item, trusted ? nullptr : trusted_keys));
+  }
+  return Value::dict(std::move(d));
+}
+
+}  // namespace
+
+Value from_json_marked(const nlohmann::ordered_json& j, const std::vector<std::string>& trusted_keys) {
+  return from_json_impl(j, &trusted_keys);
+}
+
 Value from_json(const nlohmann::ordered_json& j) {
   using json = nlohmann::ordered_json;
   switch (j.type()) {
@@ -568,12 +825,14 @@ Value from_json(const nlohmann::ordered_json& j) {
     case json::value_t::string:
       return Value::string(j.get<std::string>());
     case json::value_t::array: {
+      NestingGuard nest;
       Seq items;
       items.reserve(j.size());
       for (const auto& item : j) items.push_back(from_json(item));
       return Value::list(std::move(items));
     }
     case json::value_t::object: {
+      NestingGuard nest;
       Dict d;
       d.entries.reserve(j.size());
       for (const auto& [key, item] : j.items()) d.entries.emplace_back(Value::string(key), from_json(item));
@@ -634,6 +893,8 @@ static std::string json_float(double f) {
 }
 
 static void json_encode(std::string& out, const Value& v, const JsonOptions& o, int level) {
+  NestingGuard nest;
+  check_result_size(double(out.size()));
   const std::string item_sep = o.has_separators ? o.item_separator : (o.has_indent ? "," : ", ");
   const std::string key_sep = o.has_separators ? o.key_separator : ": ";
   auto newline_indent = [&](int lvl) {

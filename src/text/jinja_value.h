@@ -6,18 +6,23 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "text/jinja.h"
+#include "text/text_span.h"
+
 namespace spill::jinja::detail {
 
 // Python's exception classes, as far as a template can observe them: the kind is printed in front
 // of the message ("TypeError: ..."), except for raise_exception() whose message stands alone.
 enum class ErrorKind {
-  kSyntax,          // TemplateSyntaxError / TemplateAssertionError (while building)
+  kSyntax,          // TemplateSyntaxError (while building)
+  kAssertion,       // TemplateAssertionError (while building: unknown filters and tests)
   kRaised,          // raise_exception(msg): TemplateError
   kUndefined,       // UndefinedError
   kSecurity,        // SecurityError (sandbox: list.append, dict.update, ...)
@@ -105,10 +110,6 @@ struct Function : Object {
   std::function<Value(Interpreter&, CallArgs&)> call;
 };
 
-// jinja2.utils.Namespace: the one mutable object templates can hold ({% set ns.x = ... %}).
-struct Namespace : Object {
-  mutable Dict attributes;
-};
 
 // jinja2.runtime.LoopContext for one iteration.
 struct LoopState : Object {
@@ -119,15 +120,35 @@ struct LoopState : Object {
   std::shared_ptr<Value> last_changed;  // loop.changed() memory, shared by all iterations of one loop
 };
 
+// A string some of whose bytes came from untrusted input (see InputMarking in jinja.h).
+struct MarkedString : std::string {
+  std::vector<TextSpan> input;  // sorted, non-overlapping, non-empty
+  MarkedString(std::string text, std::vector<TextSpan> spans) : std::string(std::move(text)), input(std::move(spans)) {}
+};
+
 class Value {
  public:
   Value() = default;  // a plain Undefined
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  // Containers a template built can nest without bound (`{% set ns.x = [ns.x] %}` in a loop):
+  // the last owner of a list, dict or object hands its children to a per-thread queue that the
+  // outermost destructor drains, so destruction never recurses more than a few frames.
+  ~Value() {
+    if (ptr_.index() > 1) release_nested();
+  }
+  // Destroys `values` the same way (Scope and Namespace destructors use it for what they hold).
+  static void release_all(std::vector<Value>& values) noexcept;
 
   static Value none();
   static Value boolean(bool b);
   static Value integer(int64_t i);
   static Value number(double f);
   static Value string(std::string s);
+  // A string whose `input` byte ranges came from untrusted input; plain when `input` is empty.
+  static Value string(std::string s, std::vector<TextSpan> input);
   static Value list(Seq items);
   static Value tuple(Seq items);
   static Value iterator(Seq items);
@@ -154,6 +175,11 @@ class Value {
   int64_t as_int() const { return kind_ == Kind::kBool ? (b_ ? 1 : 0) : i_; }
   double as_float() const;  // int, bool or float
   const std::string& as_string() const { return *std::get<std::shared_ptr<const std::string>>(ptr_); }
+  // The input spans of a string (empty for unmarked strings and other kinds).
+  std::span<const TextSpan> input_spans() const {
+    if (!marked_) return {};
+    return static_cast<const MarkedString&>(as_string()).input;
+  }
   const Seq& items() const { return *std::get<std::shared_ptr<const Seq>>(ptr_); }
   const Dict& as_dict() const { return *std::get<std::shared_ptr<const Dict>>(ptr_); }
   const Object* object() const;
@@ -165,7 +191,10 @@ class Value {
   const void* identity() const;
 
  private:
+  void release_nested() noexcept;
+
   Kind kind_ = Kind::kUndefined;
+  bool marked_ = false;  // a string whose payload is a MarkedString
   union {
     bool b_;
     int64_t i_ = 0;
@@ -175,6 +204,44 @@ class Value {
                std::shared_ptr<const Dict>, std::shared_ptr<const Object>>
       ptr_;
 };
+
+// jinja2.utils.Namespace: the one mutable object templates can hold ({% set ns.x = ... %}).
+struct Namespace : Object {
+  mutable Dict attributes;
+  ~Namespace() override;  // out of line: releases what it holds iteratively (see ~Value)
+};
+
+// ---- limits on one render ----------------------------------------------------------------------
+
+// The limits of the render running on this thread (RenderOptions::limits, see jinja.h).
+// One level of recursion; raises RecursionError beyond RenderLimits::max_nesting.
+class NestingGuard {
+ public:
+  NestingGuard();
+  ~NestingGuard();
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+};
+
+// Installs limits on this thread for one render (nesting restarts at 0) and restores the
+// previous ones after (renders do not nest, but tests construct one inside another's callback).
+class RenderLimitsScope {
+ public:
+  explicit RenderLimitsScope(const RenderLimits& limits);
+  ~RenderLimitsScope();
+  RenderLimitsScope(const RenderLimitsScope&) = delete;
+  RenderLimitsScope& operator=(const RenderLimitsScope&) = delete;
+
+ private:
+  struct Saved;
+  std::unique_ptr<Saved> saved_;
+};
+
+// Raises OverflowError when a string or output of `bytes` would pass the render's byte limit.
+void check_result_size(double bytes);
+// Raises a TemplateRuntimeError once the render has run past its time limit (cheap: reads the
+// clock on one call in 256).
+void check_deadline();
 
 // ---- Python semantics ------------------------------------------------------------------------
 
@@ -191,13 +258,32 @@ bool equals(const Value& a, const Value& b);
 // Python ordering of a and b (<0, 0, >0). Raises TypeError "'<op>' not supported between
 // instances of ..." for unorderable types and UndefinedError for undefined operands.
 int compare(const Value& a, const Value& b, std::string_view op = "<");
-// Guards operations whose result size the template controls ('x' * n, 'x'.center(n), ...):
-// beyond 1 GiB they raise OverflowError instead of exhausting memory.
-void check_result_size(double bytes);
 // Raises the UndefinedError (or SecurityError) an undefined value stands for.
 [[noreturn]] void fail_undefined(const Value& v);
 // Python's hash() requirement for dict keys and sets: raises "unhashable type: 'list'".
 void require_hashable(const Value& v);
+
+// ---- untrusted input ---------------------------------------------------------------------------
+
+// True when any string in v (recursively through lists, dicts and namespaces) is marked.
+bool contains_input(const Value& v);
+// v with all of it marked as input: a string wholly, or each string of a list/tuple/iterator.
+// What operations do with a marked operand that cannot say which output bytes came from it.
+Value mark_as_input(const Value& v);
+
+// Text being built from pieces, keeping the input spans of those that carry them (print
+// statements, `~` and `+` on strings, join): concatenation is byte-exact about what came from
+// input, so the template's own markup next to it stays markup.
+struct MarkedText {
+  std::string text;
+  std::vector<TextSpan> input;
+
+  void append(std::string_view plain) { text += plain; }
+  // str(v): a string with its spans; anything else wholly marked if it holds input.
+  void append(const Value& v);
+  void append(const MarkedText& other);
+  Value take();
+};
 
 // Iteration as Python's iter(): strings yield characters, dicts their keys; Undefined is empty.
 Seq iterate(const Value& v);
@@ -205,6 +291,8 @@ Seq iterate(const Value& v);
 int64_t length(const Value& v);
 
 Value from_json(const nlohmann::ordered_json& j);
+// Same, with every string marked as input except the values of members named in trusted_keys.
+Value from_json_marked(const nlohmann::ordered_json& j, const std::vector<std::string>& trusted_keys);
 
 struct JsonOptions {
   bool ensure_ascii = false;

@@ -7,6 +7,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <array>
 #include <cerrno>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill {
 namespace {
@@ -268,6 +270,43 @@ std::string escape_literal(std::string_view literal) {
   return out;
 }
 
+// The time one encode() may spend in pre-tokenizer regexes. PCRE2's match limit bounds each
+// match, but a pattern whose every match rescans the rest of the text (a lookahead to the end)
+// is quadratic in total while each match stays under it: seconds per line of a hostile
+// tokenizer.json. Real patterns run at tens of MB/s, so 1 s plus 1 s per MB is generous.
+class EncodeBudget {
+ public:
+  static void start(size_t text_bytes) {
+    deadline() = std::chrono::steady_clock::now() +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(1.0 + double(text_bytes) / 1e6));
+    budget_seconds() = 1.0 + double(text_bytes) / 1e6;
+    ticks() = 0;
+  }
+  // Cheap: reads the clock on every 16th call.
+  static void check(const std::string& where, size_t subject_bytes) {
+    if ((++ticks() & 15) != 0) return;
+    if (std::chrono::steady_clock::now() <= deadline()) return;
+    fail("{}: the pre-tokenizer regex took longer than {:.1f} s on a {}-byte piece of text: the pattern rescans the "
+         "text on every match (e.g. a lookahead to the end); fix the tokenizer.json",
+         where, budget_seconds(), subject_bytes);
+  }
+
+ private:
+  static std::chrono::steady_clock::time_point& deadline() {
+    thread_local std::chrono::steady_clock::time_point d = std::chrono::steady_clock::time_point::max();
+    return d;
+  }
+  static double& budget_seconds() {
+    thread_local double s = 0;
+    return s;
+  }
+  static unsigned& ticks() {
+    thread_local unsigned t = 0;
+    return t;
+  }
+};
+
 class Regex {
  public:
   // `where` names the pattern (file and field) in error messages.
@@ -304,6 +343,7 @@ class Regex {
       // rc == 0 only says the one-pair ovector had no room for capture groups; the whole match
       // (all we need) is still there.
       if (rc < 0) fail("{}: regex match failed: {}", where_, pcre2_message(rc));
+      EncodeBudget::check(where_, subject.size());
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.match_data.get());
       const size_t start = ov[0], end = ov[1];
       if (end > start) {
@@ -482,7 +522,9 @@ class AddedTokenMatcher {
     }
   }
 
-  void split(std::string_view s, const std::vector<AddedToken>& tokens, std::vector<Segment>& out) const {
+  // `untrusted`: spans of s (sorted) where special tokens may not match; `no_special`: none may.
+  void split(std::string_view s, const std::vector<AddedToken>& tokens, std::vector<Segment>& out,
+             std::span<const TextSpan> untrusted = {}, bool no_special = false) const {
     if (s.empty()) return;
     if (!any_) {
       out.push_back({s, -1});
@@ -492,18 +534,19 @@ class AddedTokenMatcher {
     for (size_t i = 0; i < s.size();) {
       const Candidate* found = nullptr;
       for (const Candidate& c : buckets_[uint8_t(s[i])]) {
-        if (s.substr(i).starts_with(c.pattern)) {
-          found = &c;
-          break;
-        }
+        if (!s.substr(i).starts_with(c.pattern)) continue;
+        // A special token is not read out of text a client wrote: there it stays plain text.
+        if (tokens[c.token_index].special && (no_special || overlaps(untrusted, i, i + c.pattern.size()))) continue;
+        found = &c;
+        break;
       }
       if (!found) {
         ++i;
         continue;
       }
       size_t start = i, stop = i + found->pattern.size();
-      i = stop;  // the next search starts after the match itself, stripping does not move it
       const AddedToken& token = tokens[found->token_index];
+      i = stop;  // the next search starts after the match itself, stripping does not move it
       if (token.single_word) {
         const bool free_before = start == 0 || !is_word_char(last_char(s.substr(0, start)));
         size_t len = 0;
@@ -530,6 +573,12 @@ class AddedTokenMatcher {
   }
 
  private:
+  static bool overlaps(std::span<const TextSpan> spans, size_t begin, size_t end) {
+    // First span that ends after begin.
+    auto it = std::upper_bound(spans.begin(), spans.end(), begin,
+                               [](size_t b, const TextSpan& span) { return b < span.end; });
+    return it != spans.end() && it->begin < end;
+  }
   struct Candidate {
     std::string pattern;
     size_t token_index;
@@ -786,7 +835,7 @@ class Loader {
     return int32_t(j.get<int64_t>());
   }
   [[noreturn]] void bad_id(std::string_view field, const json& j) const {
-    malformed(field, fmt::format("expected a token id (integer 0..{}), found {}", kMaxId, j.dump()));
+    malformed(field, fmt::format("expected a token id (integer 0..{}), found {}", kMaxId, describe_json(j)));
   }
   int32_t id(const json& j, std::string_view field) const {
     if (auto v = as_id(j)) return *v;
@@ -897,7 +946,7 @@ class Loader {
         left = m[0].get_ref<const std::string&>();
         right = m[1].get_ref<const std::string&>();
       } else {
-        malformed(field(), fmt::format("expected \"a b\" or [\"a\", \"b\"], found {}", m.dump()));
+        malformed(field(), fmt::format("expected \"a b\" or [\"a\", \"b\"], found {}", describe_json(m)));
       }
       auto lookup = [&](std::string_view token) {
         auto it = impl_.vocab.find(token);
@@ -1129,12 +1178,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 }
 
 Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& origin) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    fail("{}: not valid JSON ({}); is the file complete?", origin, e.what());
-  }
+  std::string why;
+  std::optional<json> parsed = try_parse_json<json>(json_text, &why);
+  if (!parsed) fail("{} {}; is the file complete?", origin, why);
+  json root = std::move(*parsed);
   auto impl = std::make_shared<Impl>();
   impl->origin = origin;
   Loader(origin, *impl).load(root);
@@ -1142,17 +1189,23 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
+  return encode(text, add_special, {});
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
+                                       std::span<const TextSpan> untrusted) const {
   const Impl& m = *impl_;
   if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
     fail("cannot tokenize: text is not valid UTF-8 (byte 0x{:02X} at offset {})", uint8_t(text[bad]), bad);
   }
   if (add_special && !m.post_processor_problem.empty()) fail("{}", m.post_processor_problem);
+  EncodeBudget::start(text.size());
 
   std::vector<int32_t> ids;
   if (add_special) ids = m.special_prefix;
   // HF AddedVocabulary::extract_and_normalize, then pre-tokenize and BPE the plain pieces.
   std::vector<Segment> raw, normalized;
-  m.raw_added.split(text, m.added, raw);
+  m.raw_added.split(text, m.added, raw, untrusted);
   for (const Segment& segment : raw) {
     if (segment.id >= 0) {
       ids.push_back(segment.id);
@@ -1160,7 +1213,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
     }
     const std::string text_normalized = m.normalize(segment.text);
     normalized.clear();
-    m.normalized_added.split(text_normalized, m.added, normalized);
+    // Normalization moves bytes, so spans do not map into the normalized piece: a piece that
+    // touches untrusted text gets no special tokens at all from the normalized pass (special
+    // tokens are normalized=false in every real tokenizer, so this never changes real ids).
+    const size_t piece_begin = size_t(segment.text.data() - text.data());
+    bool touches_untrusted = false;
+    for (const TextSpan& span : untrusted)
+      touches_untrusted |= span.begin < piece_begin + segment.text.size() && span.end > piece_begin;
+    m.normalized_added.split(text_normalized, m.added, normalized, {}, touches_untrusted);
     for (const Segment& piece : normalized) {
       if (piece.id >= 0) {
         ids.push_back(piece.id);

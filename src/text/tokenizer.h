@@ -33,6 +33,8 @@
 #include <string_view>
 #include <vector>
 
+#include "text/text_span.h"
+
 namespace spill {
 
 // A byte-level BPE tokenizer as a GGUF file lists it (tokenizer.ggml.*), for Tokenizer::from_parts.
@@ -65,6 +67,12 @@ class Tokenizer {
   // TemplateProcessing (or Bert/Roberta processor) declares around a single sequence are added,
   // e.g. Llama-3's <|begin_of_text|>. Throws spill::Error if the text is not valid UTF-8.
   std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
+  // Same, where `untrusted` (sorted byte ranges of text, e.g. the message content inside a
+  // rendered chat prompt) is text a client wrote: no added token marked "special" is matched
+  // where it would overlap them, so "<|im_end|>" typed in a message is tokenized as plain text
+  // and cannot close the turn. Everything else (non-special added tokens, pre-tokenizer, BPE
+  // across the boundaries) is as without spans, so benign text gets exactly HF's ids.
+  std::vector<int32_t> encode(std::string_view text, bool add_special, std::span<const TextSpan> untrusted) const;
 
   // Ids -> text: token bytes through the ByteLevel table, concatenated, invalid UTF-8 replaced
   // by U+FFFD per maximal invalid subsequence (as Rust's from_utf8_lossy does). Added tokens
