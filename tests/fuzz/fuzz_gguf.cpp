@@ -1,9 +1,6 @@
 // libFuzzer target for the GGUF reader: any bytes must parse or give a spill::Error, and every
 // view a parsed header hands out must lie inside the input (ASan checks the reads below).
-//
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Isrc tests/fuzz/fuzz_gguf.cpp \
-//       src/formats/gguf.cpp src/formats/safetensors.cpp src/core/dtype.cpp src/core/tensor.cpp -lfmt
-//   ./a.out -max_len=4096 tests/data/gguf/fuzz_seeds
+// Built with the other targets by -DSPILL_FUZZ=ON (scripts/fuzz.sh); seeds in tests/fuzz/corpus/gguf.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
