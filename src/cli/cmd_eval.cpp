@@ -56,7 +56,9 @@ void run_eval(EvalArgs a) {
   std::unique_ptr<Model> ref_model;
   std::unique_ptr<ModelRunner> ref_runner;
   if (!a.reference.empty()) {
-    const ModelFlags rf{.model = a.reference, .quant = a.reference_quant, .imatrix = ""};
+    ModelFlags rf;
+    rf.model = a.reference;
+    rf.quant = a.reference_quant;
     ref_model = open_model(rf, a.threads);
     ref_runner = make_cpu_runner(*ref_model, kv, a.threads);
   } else if (!a.reference_quant.empty()) {
