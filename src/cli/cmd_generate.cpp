@@ -7,9 +7,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
+#include "engine/model_bundle.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 #include "model/runner.h"
@@ -20,7 +23,10 @@ namespace spill::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt;
+  ModelFlags model;
+  std::string prompt;
+  std::string prompt_ids;  // "1,2,3": token ids instead of text (no tokenizer needed)
+  bool print_ids = false;  // print generated ids instead of text
   int max_tokens = 128;
   int threads = 0;
   bool ignore_eos = false;
@@ -29,41 +35,40 @@ struct GenerateArgs {
   bool temperature_given = false;
 };
 
-// Sampling defaults from the model's generation_config.json, as transformers applies them;
-// flags given on the command line win.
-void apply_generation_config(const std::string& dir, GenerateArgs& a) {
-  const auto path = std::filesystem::path(dir) / "generation_config.json";
-  if (!std::filesystem::exists(path)) return;
-  nlohmann::json g;
-  try {
-    std::ifstream in(path);
-    g = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
-  if (!g.is_object() || a.temperature_given) return;
-  if (g.value("do_sample", false)) {
-    if (g.contains("temperature") && g["temperature"].is_number()) a.sampling.temperature = g["temperature"].get<float>();
-    if (g.contains("top_p") && g["top_p"].is_number()) a.sampling.top_p = g["top_p"].get<float>();
-    if (g.contains("top_k") && g["top_k"].is_number_integer()) a.sampling.top_k = g["top_k"].get<int32_t>();
-  } else {
+// Sampling defaults the model ships with (generation_config.json, or a GGUF's general.sampling.*),
+// as transformers applies them; flags given on the command line win.
+void apply_sampling_defaults(const SamplingDefaults& d, GenerateArgs& a) {
+  if (a.temperature_given) return;
+  if (d.greedy) {
     a.sampling.temperature = 0;
+    return;
   }
+  if (d.temperature) a.sampling.temperature = *d.temperature;
+  if (d.top_p) a.sampling.top_p = *d.top_p;
+  if (d.top_k) a.sampling.top_k = *d.top_k;
 }
 
 void run_generate(GenerateArgs a) {
   using clock = std::chrono::steady_clock;
-  const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-  apply_generation_config(dir, a);
-  a.sampling.validate();
+  const std::string dir = a.model.dir();
   if (a.max_tokens < 0) fail("-n must be >= 0, got {}", a.max_tokens);
-  auto model = Model::load(dir);
-  const ModelSpec& spec = model->spec();
-  const std::string tok_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  if (!std::filesystem::exists(tok_path)) fail("{}: no tokenizer.json; spill generate needs one (use `spill logits` for ids)", dir);
-  Tokenizer tokenizer = Tokenizer::from_file(tok_path);
-  std::vector<int32_t> prompt = tokenizer.encode(a.prompt, /*add_special=*/true);
+  if (a.prompt.empty() == a.prompt_ids.empty()) fail("give the prompt once: --prompt TEXT or --prompt-ids 1,2,3");
+  // Ids in and out need no tokenizer: the way other engines' tools are driven for comparisons.
+  const bool ids_only = a.print_ids && !a.prompt_ids.empty();
+  ModelBundle bundle = open_model_bundle(dir, /*require_tokenizer=*/!ids_only);
+  apply_sampling_defaults(bundle.sampling, a);
+  if (a.print_ids && !a.temperature_given) a.sampling.temperature = 0;  // ids for comparison: greedy
+  a.sampling.validate();
+  std::optional<Tokenizer> tokenizer = std::move(bundle.tokenizer);
+  if (ids_only) tokenizer.reset();
+  std::vector<int32_t> prompt =
+      a.prompt_ids.empty() ? tokenizer->encode(a.prompt, /*add_special=*/true) : parse_token_ids(a.prompt_ids, "--prompt-ids");
   if (prompt.empty()) fail("the prompt encodes to no tokens; give some text with --prompt");
+  std::unique_ptr<Model> model = std::move(bundle.model);
+  quantize_as_flagged(*model, a.model, a.threads, a.quiet);
+  const ModelSpec& spec = model->spec();
+  for (int32_t id : prompt)
+    if (id >= spec.vocab_size) fail("--prompt-ids: {} is not below the vocabulary size {}", id, spec.vocab_size);
   const int64_t total = int64_t(prompt.size()) + a.max_tokens;
   if (total > spec.max_position_embeddings)
     fail("prompt ({} tokens) + -n {} exceeds the model's context of {} tokens", prompt.size(), a.max_tokens,
@@ -77,7 +82,8 @@ void run_generate(GenerateArgs a) {
 
   SequenceSampler sampler(a.sampling, prompt, uint64_t(clock::now().time_since_epoch().count()));
   SamplerWorkspace workspace;
-  StreamDecoder stream(tokenizer);
+  std::optional<StreamDecoder> stream;
+  if (tokenizer && !a.print_ids) stream.emplace(*tokenizer);
   ForwardBatch batch;
   batch.tokens = prompt;
   batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(prompt.size()), .start_pos = 0, .block_table = table,
@@ -88,20 +94,23 @@ void run_generate(GenerateArgs a) {
   auto t_first = t0;
   int generated = 0;
   int32_t pos = int32_t(prompt.size());
-  std::fputs(a.prompt.c_str(), stdout);
+  if (stream) std::fputs(a.prompt_ids.empty() ? a.prompt.c_str() : tokenizer->decode(prompt).c_str(), stdout);
   for (; generated < a.max_tokens; ++generated) {
     runner->forward(batch, logits);
     if (generated == 0) t_first = clock::now();
     const int32_t next = sampler.sample(logits, workspace).token;
     const bool eos = std::find(spec.eos_token_ids.begin(), spec.eos_token_ids.end(), next) != spec.eos_token_ids.end();
     if (eos && !a.ignore_eos) break;
-    std::fputs(stream.push(next).c_str(), stdout);
+    if (stream)
+      std::fputs(stream->push(next).c_str(), stdout);
+    else
+      std::fputs(fmt::format("{}{}", generated ? "," : "", next).c_str(), stdout);
     std::fflush(stdout);
     batch.tokens = {next};
     batch.seqs[0].n_tokens = 1;
     batch.seqs[0].start_pos = pos++;
   }
-  std::fputs(stream.finish().c_str(), stdout);
+  if (stream) std::fputs(stream->finish().c_str(), stdout);
   std::fputs("\n", stdout);
   const auto t_end = clock::now();
   if (!a.quiet) {
@@ -118,8 +127,10 @@ void run_generate(GenerateArgs a) {
 void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Complete a prompt and stream the text to stdout (CPU backend)");
   auto a = std::make_shared<GenerateArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
-  cmd->add_option("--prompt,-p", a->prompt, "prompt text")->required();
+  add_model_flags(cmd, a->model);
+  cmd->add_option("--prompt,-p", a->prompt, "prompt text");
+  cmd->add_option("--prompt-ids", a->prompt_ids, "the prompt as comma-separated token ids (instead of --prompt)");
+  cmd->add_flag("--print-ids", a->print_ids, "print the generated token ids, comma-separated, instead of text (greedy unless --temperature is given)");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
   auto* temp = cmd->add_option("--temperature,-t", a->sampling.temperature,
                                "0 = greedy (default: the model's generation_config.json, else 1)");

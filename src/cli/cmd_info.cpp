@@ -3,10 +3,13 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "backend/cuda/device_info.h"
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "model/model.h"
+#include "model/quantize_on_load.h"
 
 namespace spill::cli {
 
@@ -30,8 +33,82 @@ struct Tally {
   }
 };
 
-void run_info(const std::string& model_dir) {
-  auto model = Model::load(model_dir);
+// What --quant would make of this model: per class the types and bytes, per weight role the
+// type of each layer when the mix varies it, and every row-width fallback.
+void print_quant_plan(const Model& model, const std::string& spec) {
+  const quant::QuantMix mix = quant::parse_quant_mix(spec);
+  const std::vector<QuantPlanEntry> plan = plan_quantization(model, mix);
+  struct ClassTally {
+    int64_t before = 0, after = 0, params = 0;
+    std::map<std::string, int64_t> types;  // "Q4_K" -> tensors
+  };
+  std::map<int, ClassTally> classes;
+  // (class, role) -> type -> layers; fallbacks by (class, role, from, to, cols) -> layers.
+  std::map<std::pair<int, int>, std::map<std::string, std::set<int>>> layer_types;
+  struct Fallback {
+    std::set<int> layers;
+    int64_t count = 0;
+    std::string reason;
+  };
+  std::map<std::tuple<int, int, std::string, std::string, int64_t>, Fallback> fallbacks;
+  int64_t before = 0, after = 0;
+  for (const QuantPlanEntry& p : plan) {
+    const DType to = p.choice.quantize ? p.choice.type : p.from;
+    const int64_t b0 = p.rows * row_bytes(p.from, p.cols), b1 = p.rows * row_bytes(to, p.cols);
+    ClassTally& c = classes[int(p.cls)];
+    c.before += b0, c.after += b1, c.params += p.rows * p.cols;
+    before += b0, after += b1;
+    const std::string type = std::string(dtype_name(to)) + (p.choice.quantize ? "" : " (kept)");
+    c.types[type] += 1;
+    layer_types[{int(p.cls), int(p.key.role)}][type].insert(p.key.layer);
+    if (p.choice.fell_back()) {
+      auto& f = fallbacks[{int(p.cls), int(p.key.role), std::string(dtype_name(p.choice.wanted)),
+                           std::string(dtype_name(p.choice.type)), p.cols}];
+      f.layers.insert(p.key.layer);
+      f.count += 1;
+      f.reason = p.choice.fallback_reason;
+    }
+  }
+  auto layers_str = [](const std::set<int>& ls) {
+    if (ls.count(-1)) return std::string("model level");
+    std::string s;
+    for (int l : ls) s += (s.empty() ? "" : ",") + std::to_string(l);
+    return "layers " + s;
+  };
+  fmt::print("\nquantization   --quant {} -> {} (llama.cpp-style mix; docs/QUANT.md)\n", spec, mix.str());
+  fmt::print("weights        {} -> {} ({:.3f} bits per quantizable weight)\n", human_bytes(before), human_bytes(after),
+             [&] {
+               int64_t n = 0;
+               for (auto& [cls, c] : classes) n += c.params;
+               return n ? 8.0 * double(after) / double(n) : 0.0;
+             }());
+  fmt::print("{:<10} {:>14} {:>14}  {}\n", "class", "bytes", "quantized", "types (tensors)");
+  for (auto& [cls, c] : classes) {
+    std::string types;
+    for (auto& [t, n] : c.types) types += (types.empty() ? "" : ", ") + fmt::format("{} x{}", t, n);
+    fmt::print("{:<10} {:>14} {:>14}  {}\n", quant::tensor_class_name(quant::TensorClass(cls)), c.before, c.after, types);
+  }
+  fmt::print("by role and layer:\n");
+  for (auto& [key, types] : layer_types) {
+    std::string s;
+    for (auto& [t, ls] : types) s += (s.empty() ? "" : "; ") + fmt::format("{} in {}", t, layers_str(ls));
+    fmt::print("  {:<10} {:<18} {}\n", quant::tensor_class_name(quant::TensorClass(key.first)),
+               weight_role_name(WeightRole(key.second)), s);
+  }
+  if (fallbacks.empty()) {
+    fmt::print("fallbacks: none (every row is a whole number of blocks)\n");
+  } else {
+    fmt::print("fallbacks (rows that are not a whole number of blocks of the type asked for):\n");
+    for (auto& [k, f] : fallbacks) {
+      auto& [cls, role, from, to, cols] = k;
+      fmt::print("  {} {} x{} ({}): {} -> {}: {}\n", quant::tensor_class_name(quant::TensorClass(cls)),
+                 weight_role_name(WeightRole(role)), f.count, layers_str(f.layers), from, to, f.reason);
+    }
+  }
+}
+
+void run_info(const ModelFlags& flags) {
+  auto model = Model::load(flags.dir());
   const ModelSpec& s = model->spec();
   Tally tally;
   tally.add("embeddings", model->embed);
@@ -82,15 +159,16 @@ void run_info(const std::string& model_dir) {
     fmt::print("\nGPU {}: {} (sm_{}{}), {} total, {} free, {} SMs", g.index, g.name, g.compute_major, g.compute_minor,
                human_bytes(g.total_memory), human_bytes(g.free_memory), g.multiprocessors);
   if (!gpus.empty()) fmt::print("\n");
+  if (!flags.quant.empty()) print_quant_plan(*model, flags.quant);
 }
 
 }  // namespace
 
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print a model's architecture, parameter count and bytes by tensor class");
-  auto model = std::make_shared<std::string>();
-  cmd->add_option("--model", *model, "Hugging Face model folder (default: the bundled spill-tiny)");
-  cmd->callback([model] { run_info(model->empty() ? default_model_dir() : *model); });
+  auto flags = std::make_shared<ModelFlags>();
+  add_model_flags(cmd, *flags);
+  cmd->callback([flags] { run_info(*flags); });
 }
 
 }  // namespace spill::cli

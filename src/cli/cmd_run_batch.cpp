@@ -22,6 +22,7 @@ using Clock = std::chrono::steady_clock;
 
 struct RunBatchArgs {
   std::string model, prompts, output;
+  std::string quant, imatrix;
   int64_t kv_blocks = 0;
   std::string kv_mem;
   int32_t block_size = 16;
@@ -198,7 +199,9 @@ void run_batch(const RunBatchArgs& a) {
   CpuEngineOptions options{
       .model_dir = dir,
       .kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem.empty() ? 0 : parse_bytes(a.kv_mem)},
-      .threads = a.threads};
+      .threads = a.threads,
+      .quant = a.quant,
+      .imatrix = a.imatrix};
 
   std::ifstream in(a.prompts);
   if (!in) fail("{}: cannot read the prompts file", a.prompts);
@@ -312,7 +315,9 @@ void add_run_batch_command(CLI::App& app) {
                                  "Run many prompts through the engine at once (continuous batching, CPU backend); "
                                  "results and timings as JSON lines");
   auto a = std::make_shared<RunBatchArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", a->model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
+  cmd->add_option("--quant", a->quant, "quantize the weights at load (see spill info --help, docs/QUANT.md)");
+  cmd->add_option("--imatrix", a->imatrix, "importance matrix for --quant (llama.cpp legacy imatrix.dat)");
   cmd->add_option("--prompts", a->prompts,
                   "JSONL file, one request per line: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]}, with optional "
                   "max_tokens, temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, "

@@ -45,7 +45,9 @@ void add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server (see docs/API.md)");
   auto a = std::make_shared<ServeArgs>();
   server::ServerOptions& o = a->options;
-  cmd->add_option("--model", o.model_dir, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", o.model_dir, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
+  cmd->add_option("--quant", o.quant, "quantize the weights at load (see spill info --help, docs/QUANT.md)");
+  cmd->add_option("--imatrix", o.imatrix, "importance matrix for --quant (llama.cpp legacy imatrix.dat)");
   cmd->add_option("--host", o.host, "address to listen on (loopback by default; 0.0.0.0 for every interface)")
       ->capture_default_str();
   cmd->add_option("--port", o.port, "TCP port; 0 picks a free one (printed on the listening line)")->capture_default_str();

@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   spill::cli::add_generate_command(app);
   spill::cli::add_run_batch_command(app);
   spill::cli::add_serve_command(app);
+  spill::cli::add_eval_command(app);
+  spill::cli::add_dequant_command(app);
+  spill::cli::add_quantize_command(app);
 
   try {
     app.parse(argc, argv);

@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "engine/model_bundle.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <random>
@@ -9,6 +11,7 @@
 #include "engine/block_manager.h"
 #include "engine/stop_strings.h"
 #include "model/model.h"
+#include "model/quantize_on_load.h"
 #include "model/runner.h"
 
 namespace spill {
@@ -525,22 +528,17 @@ void Engine::Impl::publish_metrics() {
 // ---- the CPU backend -------------------------------------------------------------------------
 
 std::unique_ptr<Engine> open_cpu_engine(const CpuEngineOptions& options, const EngineConfig& config) {
-  std::unique_ptr<Model> model = Model::load(options.model_dir);
+  ModelBundle bundle = open_model_bundle(options.model_dir, options.require_tokenizer);
+  std::unique_ptr<Model> model = std::move(bundle.model);
+  quantize_as_asked(*model, {.quant = options.quant, .imatrix = options.imatrix, .n_threads = options.threads});
   const ModelSpec& spec = model->spec();
   const int32_t bs = options.kv.block_size;
   if (bs <= 0) fail("--block-size must be positive, got {}", bs);
   const int64_t n_blocks = resolve_kv_blocks(spec, options.kv, cpu_kv_bytes_per_block(spec, bs));
   auto runner = make_cpu_runner(*model, KvCacheConfig{.block_size = bs, .n_blocks = n_blocks}, options.threads);
-  std::optional<Tokenizer> tokenizer;
-  const std::string tok_path = (std::filesystem::path(options.model_dir) / "tokenizer.json").string();
-  if (std::filesystem::exists(tok_path)) {
-    tokenizer = Tokenizer::from_file(tok_path);
-  } else if (options.require_tokenizer) {
-    fail("{}: no tokenizer.json; it is needed to turn text into tokens (give prompt_ids instead of prompt text)",
-         options.model_dir);
-  }
   return std::make_unique<Engine>(
-      EngineParts{.model = std::move(model), .runner = std::move(runner), .tokenizer = tokenizer}, config);
+      EngineParts{.model = std::move(model), .runner = std::move(runner), .tokenizer = std::move(bundle.tokenizer)},
+      config);
 }
 
 }  // namespace spill

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "formats/gguf.h"
 
 namespace spill {
 
@@ -55,7 +56,7 @@ class WeightResolver {
       std::string want = "[";
       d = 0;
       for (int64_t s : shape) want += (d++ ? ", " : "") + std::to_string(s);
-      fail("{} has shape {} but the model's configuration (config.json) implies {}", src_.describe(key),
+      fail("{} has shape {} but the model's configuration (config.json or GGUF metadata) implies {}", src_.describe(key),
            shape_str(t), want + "]");
     }
     if (!row_fits(t.dtype, t.cols()))
@@ -184,6 +185,12 @@ std::unique_ptr<Model> Model::from_source(ModelSpec spec, std::unique_ptr<Weight
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir) {
+  if (gguf::is_gguf_path(dir)) {
+    std::shared_ptr<const gguf::GgufFile> file = gguf::GgufFile::open(dir);
+    ModelSpec spec = gguf_model_spec(*file);
+    auto source = open_gguf_source(std::move(file), spec);
+    return from_source(std::move(spec), std::move(source));
+  }
   ModelSpec spec = load_model_spec(dir);
   auto source = open_safetensors_source(dir, spec);
   return from_source(std::move(spec), std::move(source));

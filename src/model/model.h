@@ -31,9 +31,10 @@ struct LayerWeights {
 
 class Model {
  public:
-  // Loads a Hugging Face folder (<dir>/config.json and its safetensors weights) and checks every
-  // shape against the config. Throws spill::Error naming the file, tensor or field on any problem.
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // Loads a Hugging Face folder (<dir>/config.json and its safetensors weights), or a GGUF file
+  // (a path ending in .gguf; the first shard of a split one), and checks every shape against the
+  // configuration. Throws spill::Error naming the file, tensor or field on any problem.
+  static std::unique_ptr<Model> load(const std::string& path);
   // Resolves every weight role of `spec` from any source (GGUF file, synthetic generator, ...).
   static std::unique_ptr<Model> from_source(ModelSpec spec, std::unique_ptr<WeightSource> source);
 

@@ -13,6 +13,10 @@
 
 namespace spill {
 
+namespace gguf {
+class GgufFile;
+}
+
 enum class WeightRole : uint8_t {
   Embed,      // [vocab, hidden]
   FinalNorm,  // [hidden]
@@ -55,5 +59,13 @@ class WeightSource {
 // A Hugging Face folder: config.json's architecture decides the tensor names (Mixtral's
 // block_sparse_moe.w1/w2/w3, everyone else's mlp.experts.N.gate_proj/...).
 std::unique_ptr<WeightSource> open_safetensors_source(const std::string& dir, const ModelSpec& spec);
+
+// A GGUF file (model/gguf_source.cpp): llama.cpp's tensor names, 3-D expert tensors as they are
+// in the file (expert e of each projection is one contiguous slice of its pages); q/k rows of
+// `llama`-arch files are put back in Hugging Face order, in copies the source owns.
+std::unique_ptr<WeightSource> open_gguf_source(std::shared_ptr<const gguf::GgufFile> file, const ModelSpec& spec);
+// The ModelSpec from a GGUF file's general.architecture and `<arch>.*` metadata. Throws
+// spill::Error naming the file and key for an unsupported architecture or a missing/bad key.
+ModelSpec gguf_model_spec(const gguf::GgufFile& file);
 
 }  // namespace spill

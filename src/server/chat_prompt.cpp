@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/model_bundle.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -116,10 +117,10 @@ void ChatPrompt::detect(const std::string& sources) {
 
 ChatPrompt ChatPrompt::load(const std::string& model_dir, const Tokenizer* tokenizer) {
   ChatPrompt p;
-  ChatTemplate t = ChatTemplate::from_model_dir(model_dir);
+  ChatTemplate t = open_chat_template(model_dir);
   if (t.has_template()) {
     p.template_ = std::make_shared<const ChatTemplate>(std::move(t));
-    p.detect(template_sources(model_dir));
+    p.detect(is_gguf_model_path(model_dir) ? chat_template_sources(model_dir) : template_sources(model_dir));
   } else {
     p.template_ = std::make_shared<const ChatTemplate>(ChatTemplate::from_templates(
         {{"default", kFallbackChatTemplate}}, t.special_tokens(), "spill's ChatML fallback template"));

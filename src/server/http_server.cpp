@@ -245,7 +245,9 @@ void HttpServer::load_model() {
     CpuEngineOptions cpu{.model_dir = options_.model_dir,
                          .kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes},
                          .threads = options_.threads,
-                         .require_tokenizer = true};
+                         .require_tokenizer = true,
+                         .quant = options_.quant,
+                         .imatrix = options_.imatrix};
     auto engine = open_cpu_engine(cpu, config);
     chat_prompt_ = ChatPrompt::load(options_.model_dir, engine->tokenizer());
     defaults_ = GenerationDefaults::load(options_.model_dir);

@@ -35,6 +35,18 @@
 
 namespace spill {
 
+// A byte-level BPE tokenizer as a GGUF file lists it (tokenizer.ggml.*), for Tokenizer::from_parts.
+struct TokenizerParts {
+  std::string origin;                // names the source in error messages
+  std::vector<std::string> tokens;   // by id: byte-level spelling ("Ġthe"); control/user-defined tokens as their text
+  std::vector<int32_t> token_types;  // by id, GGUF's: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
+                                     // 6 byte; empty means all normal
+  std::vector<std::string> merges;   // "left right", by rank
+  std::string pre;                   // tokenizer.ggml.pre: qwen2, llama-bpe, deepseek-v3, gpt-2, olmo, ...
+  int32_t bos_id = -1, eos_id = -1;
+  bool add_bos = false, add_eos = false;
+};
+
 // Immutable after loading; copies share the loaded tables. All methods are thread-safe.
 class Tokenizer {
  public:
@@ -42,6 +54,12 @@ class Tokenizer {
   static Tokenizer from_file(const std::string& path);
   // Same from JSON text already in memory; `origin` names it in error messages.
   static Tokenizer from_json(std::string_view json_text, const std::string& origin = "tokenizer.json");
+  // From a GGUF-style vocabulary (text/tokenizer_parts.cpp): the parts become the tokenizer.json the
+  // Hugging Face original has for that pre-tokenizer (its normalizer, Split regexes, ByteLevel step
+  // and merges options), so encoding runs the same code as from_file. Control (special) and
+  // user-defined tokens become added tokens. Throws spill::Error naming `parts.origin` for an
+  // unknown pre-tokenizer or an inconsistent vocabulary.
+  static Tokenizer from_parts(const TokenizerParts& parts);
 
   // Text -> ids. The post-processor is ignored unless add_special: then the tokens its
   // TemplateProcessing (or Bert/Roberta processor) declares around a single sequence are added,

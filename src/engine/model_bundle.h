@@ -1,0 +1,55 @@
+// Opens what `--model PATH` names, in one place for every command: a Hugging Face folder
+// (config.json, safetensors, tokenizer.json, chat template files) or a GGUF file (a path ending
+// in .gguf, or the first shard of a split model), which carries weights, tokenizer and chat
+// template in one file.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "model/model.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace spill {
+
+namespace gguf {
+class GgufFile;
+class Metadata;
+}  // namespace gguf
+
+// Sampling defaults a model ships with (generation_config.json with do_sample, or a GGUF's
+// general.sampling.*); unset fields leave the caller's defaults.
+struct SamplingDefaults {
+  bool greedy = false;  // generation_config.json says do_sample = false
+  std::optional<float> temperature, top_p;
+  std::optional<int32_t> top_k;
+};
+
+struct ModelBundle {
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;  // absent only for a folder without tokenizer.json
+  SamplingDefaults sampling;
+};
+
+// Loads model and tokenizer; with `require_tokenizer`, a folder without tokenizer.json is an
+// error that says so. Throws spill::Error naming the file and what is wrong.
+ModelBundle open_model_bundle(const std::string& path, bool require_tokenizer);
+
+// Whether `path` names a GGUF model rather than a folder.
+bool is_gguf_model_path(const std::string& path);
+
+// The model's chat template(s) and the special tokens they see: from the folder's files, or from
+// a GGUF's tokenizer.chat_template (and tokenizer.chat_template.<name>) with bos/eos/pad/unk tokens
+// named by their ids. has_template() is false when the model brings none.
+ChatTemplate open_chat_template(const std::string& path);
+// The template sources, for callers that look at what the template teaches (<think>, tool calls).
+std::string chat_template_sources(const std::string& path);
+
+// The tokenizer a GGUF file describes (tokenizer.ggml.*). Refuses tokenizer models other than
+// byte-level BPE ("gpt2"), naming the one found.
+Tokenizer gguf_tokenizer(const gguf::GgufFile& file);
+ChatTemplate gguf_chat_template(const gguf::GgufFile& file);
+SamplingDefaults gguf_sampling_defaults(const gguf::Metadata& md);
+
+}  // namespace spill

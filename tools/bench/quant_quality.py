@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Quantization quality of spill-tiny, spill's quantizer against llama-quantize's, one table.
+
+For every type: perplexity and KL divergence against the BF16 model on held-out text
+(tests/data/eval/heldout-python.txt), for
+  * spill:  quantize on load (`spill eval --quant TYPE`), and the GGUF `spill quantize` writes;
+  * llama:  llama-quantize's GGUF of the same type (from the BF16 GGUF llama.cpp's converter made);
+each GGUF evaluated by both spill eval and llama-perplexity --kl-divergence, so the two quantizers are
+compared by one evaluator at a time. Standard library only; prints a markdown table.
+
+  python3 tools/bench/quant_quality.py --spill build/spill --llama-bin /work/llama-cpu-build/bin \\
+      --bf16-gguf /work/gguf/spill-tiny-bf16.gguf --work /tmp/qq [--types q8_0,q4_k_m]
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+TYPES = ["q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "iq4_xs", "mxfp4_moe"]
+
+
+def run(cmd, **kw):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def spill_eval(a, model, quant, out_json):
+    cmd = [a.spill, "eval", "--model", model, "--reference", a.model, "--text", a.text, "--ctx", str(a.ctx),
+           "--json", out_json, "--threads", str(a.threads)]
+    if quant:
+        cmd += ["--quant", quant]
+    run(cmd)
+    with open(out_json) as f:
+        return json.load(f)
+
+
+def llama_kld(a, gguf, base_logits):
+    r = run([os.path.join(a.llama_bin, "llama-perplexity"), "-m", gguf, "-f", a.text, "-c", str(a.ctx),
+             "--kl-divergence-base", base_logits, "--kl-divergence", "-t", str(a.threads)])
+    log = r.stdout + r.stderr
+    def grab(label):
+        m = re.search(re.escape(label) + r"\s*:\s*([-0-9.eE+]+)", log)
+        return float(m.group(1)) if m else float("nan")
+    same = re.search(r"Same top p\s*:\s*([0-9.]+)", log)
+    return {"ppl": grab("Mean PPL(Q)"), "kld_mean": grab("Mean    KLD"), "kld_p99": grab("99.0%   KLD"),
+            "top1": float(same.group(1)) / 100 if same else float("nan")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spill", required=True)
+    ap.add_argument("--llama-bin", required=True)
+    ap.add_argument("--bf16-gguf", required=True)
+    ap.add_argument("--model", default="models/spill-tiny")
+    ap.add_argument("--text", default="tests/data/eval/heldout-python.txt")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--with-load", action="store_true", help="also evaluate quantize on load (spill eval --quant)")
+    ap.add_argument("--chars", type=int, default=0, help="use only the text's first N characters (whole lines)")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    if a.chars:
+        with open(a.text, encoding="utf-8") as f:
+            text = f.read()
+        cut = text.rfind("\n", 0, a.chars) + 1
+        a.text = os.path.join(a.work, "text.txt")
+        with open(a.text, "w", encoding="utf-8") as f:
+            f.write(text[:cut])
+    base_logits = os.path.join(a.work, "bf16.kld")
+    run([os.path.join(a.llama_bin, "llama-perplexity"), "-m", a.bf16_gguf, "-f", a.text, "-c", str(a.ctx),
+         "--kl-divergence-base", base_logits, "-t", str(a.threads)])
+    bf16 = spill_eval(a, a.model, "", os.path.join(a.work, "bf16.json"))
+    llama_bf16 = llama_kld(a, a.bf16_gguf, base_logits)
+    rows = []
+    for t in a.types.split(","):
+        lq = os.path.join(a.work, f"llama-{t}.gguf")
+        sq = os.path.join(a.work, f"spill-{t}.gguf")
+        run([os.path.join(a.llama_bin, "llama-quantize"), a.bf16_gguf, lq, t.upper(), str(a.threads)])
+        run([a.spill, "quantize", "--model", a.model, "--quant", t, "--out", sq, "--threads", str(a.threads)])
+        row = {"type": t, "llama_bytes": os.path.getsize(lq), "spill_bytes": os.path.getsize(sq)}
+        if a.with_load:  # bit-identical to the spill file (tests/cli_quant_test.cpp); costs a run
+            row["spill_load"] = spill_eval(a, a.model, t, os.path.join(a.work, f"load-{t}.json"))
+        row["spill_file_by_spill"] = spill_eval(a, sq, "", os.path.join(a.work, f"sfile-{t}.json"))
+        row["llama_file_by_spill"] = spill_eval(a, lq, "", os.path.join(a.work, f"lfile-{t}.json"))
+        row["spill_file_by_llama"] = llama_kld(a, sq, base_logits)
+        row["llama_file_by_llama"] = llama_kld(a, lq, base_logits)
+        rows.append(row)
+        with open(os.path.join(a.work, "rows.json"), "w") as f:
+            json.dump({"bf16": bf16, "llama_bf16": llama_bf16, "rows": rows}, f, indent=1)
+    print(f"BF16: spill eval PPL {bf16['ppl']:.4f} over {bf16['n_scored']} tokens; llama-perplexity PPL "
+          f"{llama_bf16['ppl']:.4f}, KLD of llama.cpp's BF16 run against its own base {llama_bf16['kld_mean']:.6f}\n")
+    print("| type | file MiB spill / llama | evaluator | PPL spill / llama | mean KLD spill / llama | 99% KLD spill / llama "
+          "| same top spill / llama |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        size = f"{r['spill_bytes'] / 2**20:.2f} / {r['llama_bytes'] / 2**20:.2f}"
+        for ev, s, l in (("spill eval", r["spill_file_by_spill"], r["llama_file_by_spill"]),
+                         ("llama-perplexity", r["spill_file_by_llama"], r["llama_file_by_llama"])):
+            print(f"| {r['type']} | {size} | {ev} | {s['ppl']:.4f} / {l['ppl']:.4f} | {s['kld_mean']:.6f} / "
+                  f"{l['kld_mean']:.6f} | {s['kld_p99']:.5f} / {l['kld_p99']:.5f} | {100 * s['top1']:.2f} / "
+                  f"{100 * l['top1']:.2f} % |")
+    if a.with_load:
+        print("\nquantize on load (spill eval --quant TYPE, no file):")
+    for r in rows if a.with_load else []:
+        s = r["spill_load"]
+        print(f"  {r['type']}: PPL {s['ppl']:.4f}, mean KLD {s['kld_mean']:.6f}, 99% KLD {s['kld_p99']:.5f}, "
+              f"same top {100 * s['top1']:.2f} %")
+
+
+if __name__ == "__main__":
+    main()
