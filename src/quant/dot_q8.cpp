@@ -132,6 +132,8 @@ bool has_dot_q8(DType t) {
   return t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
 }
 
+bool prefer_dot_q8(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+
 float dot_q8(DType t, const void* row, const ActivationsQ8& a) { return dot_q8_with(kernels_for(q8_path()), t, row, a); }
 
 float dot_q8_on(KernelPath p, DType t, const void* row, const ActivationsQ8& a) {

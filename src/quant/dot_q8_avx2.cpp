@@ -21,23 +21,35 @@ inline int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// |a| * (x with a's sign), in int32 pairs of pairs: maddubs wants its first operand unsigned.
+// a = -128 cannot occur in a quantizer's output but is a legal byte; |-128| read as unsigned is
+// 128, still exact (2 * 128 * 127 fits int16).
+inline __m256i q8_0_products(const BlockQ8_0& b, const int8_t* q) {
+  const __m256i a = load32(b.qs), x = load32(q);
+  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(x, a));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
 void q8_0(const BlockQ8_0* w, const int8_t* q, int64_t nb, int32_t* out) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t i = 0; i < nb; ++i, q += 32) {
-    const __m256i a = load32(w[i].qs), x = load32(q);
-    // |a| * (x with a's sign): maddubs wants its first operand unsigned. a = -128 cannot occur
-    // in a quantizer's output but is a legal byte; |-128| read as unsigned is 128, still exact.
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(x, a));
-    out[i] = hsum(_mm256_madd_epi16(p, ones));
+  int64_t i = 0;
+  // Four blocks' sums at once: three horizontal adds leave block k's two half-sums in lanes k
+  // and k + 4.
+  for (; i + 4 <= nb; i += 4, q += 128) {
+    const __m256i p0 = q8_0_products(w[i], q), p1 = q8_0_products(w[i + 1], q + 32);
+    const __m256i p2 = q8_0_products(w[i + 2], q + 64), p3 = q8_0_products(w[i + 3], q + 96);
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), s);
   }
+  for (; i < nb; ++i, q += 32) out[i] = hsum(q8_0_products(w[i], q));
 }
 
 template <bool kFiveBit, class Block>
 void q45_k(const Block* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   for (int64_t i = 0; i < nb; ++i, q += kSuperBlock, s16 += 16) {
-    uint8_t sc[8], m[8];
-    scale_mins_k4(w[i].scales, sc, m);
+    uint64_t sc, m;
+    scale_min_words_k4(w[i].scales, sc, m);
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFiveBit) qh = load32(w[i].qh);
     __m256i acc = _mm256_setzero_si256();
@@ -52,11 +64,14 @@ void q45_k(const Block* w, const int8_t* q, const int16_t* s16, int64_t nb, int3
       }
       const __m256i plo = _mm256_maddubs_epi16(lo, load32(q + 64 * p));
       const __m256i phi = _mm256_maddubs_epi16(hi, load32(q + 64 * p + 32));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * p])));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * p + 1])));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(short((sc >> (16 * p)) & 0xFF))));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(short((sc >> (16 * p + 8)) & 0xFF))));
     }
+    // sum_j m_j (s16[2j] + s16[2j+1]): the mins widened to int16 and each doubled into a pair.
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
+    const __m256i mpairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
     out[2 * i] = hsum(acc);
-    out[2 * i + 1] = min_term_k4(m, s16);
+    out[2 * i + 1] = hsum(_mm256_madd_epi16(load32(s16), mpairs));
   }
 }
 

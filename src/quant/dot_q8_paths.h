@@ -31,6 +31,17 @@ inline void scale_mins_k4(const uint8_t* packed, uint8_t sc[8], uint8_t m[8]) {
   for (int j = 0; j < 8; ++j) unpack_scale_min_k4(j, packed, sc[j], m[j]);
 }
 
+// The same eight scales and eight mins as bytes of two words, from the packing's bit fields.
+inline void scale_min_words_k4(const uint8_t* q, uint64_t& scales, uint64_t& mins) {
+  uint32_t a, b, c;
+  std::memcpy(&a, q, 4);
+  std::memcpy(&b, q + 4, 4);
+  std::memcpy(&c, q + 8, 4);
+  auto join = [](uint32_t lo, uint32_t hi) { return uint64_t(lo) | (uint64_t(hi) << 32); };
+  scales = join(a & 0x3f3f3f3fu, (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4));
+  mins = join(b & 0x3f3f3f3fu, ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4));
+}
+
 // The min term of Q4_K / Q5_K: sum_j m_j (s16[2 j] + s16[2 j + 1]) over one super-block.
 inline int32_t min_term_k4(const uint8_t m[8], const int16_t* s16) {
   int32_t s = 0;

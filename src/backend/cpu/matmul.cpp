@@ -59,7 +59,7 @@ void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, fl
   // quant::dot gives it alone): its factored arithmetic (scales applied to sub-block sums) has no
   // widened twin.
   const bool widen = n > 1 && (w.dtype == DType::F16 || w.dtype == DType::BF16);
-  if (activation_mode() == ActivationMode::Q8 && quant::has_dot_q8(w.dtype)) {
+  if (activation_mode() == ActivationMode::Q8 && quant::prefer_dot_q8(w.dtype)) {
     // Each token rounded once, alone (so its result is the same in any batch), for every row.
     thread_local std::vector<quant::ActivationsQ8> acts;
     if (acts.size() < size_t(n)) acts.resize(size_t(n));

@@ -16,7 +16,7 @@ namespace spill::cpu {
 // y[n, M] = x[n, K] * w[M, K]^T (+ bias[M]). Parallel over the rows of w.
 void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, float* y,
             const TensorView* bias = nullptr);
-// Block-format weights (Q8_0, Q4_K, Q5_K, Q6_K: quant::has_dot_q8) take the int8-activation
+// Block-format weights with a faster int8 kernel (Q4_K, Q5_K, Q6_K: quant::prefer_dot_q8) take the int8-activation
 // path by default: each token's x is rounded to 8 bits per block of 256 once per call and the
 // rows are dotted with it in integer arithmetic (quant.h states the bound; it is what llama.cpp's
 // CPU path computes). ActivationMode::F32 forces quant::dot with f32 activations for every
