@@ -91,9 +91,10 @@ void quantize_activations_q8(const float* x, int64_t n, ActivationsQ8& out);
 
 // The formats dot_q8 has an integer kernel for (Q8_0, Q4_K, Q6_K, Q5_K). The others keep dot().
 bool has_dot_q8(DType t);
-// The formats whose q8 kernel is faster than their f32 one on x86 (Q4_K, Q5_K, Q6_K), which the
-// CPU matmul therefore uses by default. Q8_0's f32 kernel is already one convert and one fma per
-// weight and measured faster than its q8 kernel (docs/perf/cpu-q8-activations-2026-12-01.md).
+// The formats the CPU matmul takes dot_q8 for by default (Q4_K, Q5_K, Q6_K: 1.5-3x their f32
+// kernels). Q8_0 stays on f32: its f32 kernel is already one convert and one fma per weight, and
+// end-to-end decode showed no gain from q8 (the kernel benchmark does show one since its blocks
+// are summed four at a time; docs/perf/cpu-q8-activations-2026-12-01.md), so adding it is open.
 bool prefer_dot_q8(DType t);
 
 // sum_i dequantize(row)[i] * x'_i over a.n weights (see the accuracy contract above). Throws
