@@ -93,8 +93,8 @@ void quantize_activations_q8(const float* x, int64_t n, ActivationsQ8& out);
 bool has_dot_q8(DType t);
 // The formats the CPU matmul takes dot_q8 for by default (Q4_K, Q5_K, Q6_K: 1.5-3x their f32
 // kernels). Q8_0 stays on f32: its f32 kernel is already one convert and one fma per weight, and
-// end-to-end decode showed no gain from q8 (the kernel benchmark does show one since its blocks
-// are summed four at a time; docs/perf/cpu-q8-activations-2026-12-01.md), so adding it is open.
+// its q8 kernel measured slower (docs/perf/cpu-q8-activations-2026-12-01.md); it now sums four
+// blocks per horizontal add and is still to be re-measured.
 bool prefer_dot_q8(DType t);
 
 // sum_i dequantize(row)[i] * x'_i over a.n weights (see the accuracy contract above). Throws

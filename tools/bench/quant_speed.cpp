@@ -5,7 +5,7 @@
 // exceed the last-level cache), on 1 and on every hardware thread. Rates are given per wall
 // second and per CPU second per thread (the machine may be shared; see process_cpu_seconds).
 //
-// Block formats with an int8-activation kernel (quant::has_dot_q8) are measured twice: with f32
+// Block formats the matmul gives int8 activations (quant::prefer_dot_q8) are measured twice: with f32
 // activations (quant::dot, the exact reference) and with int8 activations (quant::dot_q8, the
 // matmul's default; the per-token rounding is inside the timed matmul).
 //
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|---|---|\n");
     for (DType t : types)
     for (auto mode : {spill::cpu::ActivationMode::F32, spill::cpu::ActivationMode::Q8}) {
-      if (mode == spill::cpu::ActivationMode::Q8 && !spill::quant::has_dot_q8(t)) continue;
+      if (mode == spill::cpu::ActivationMode::Q8 && !spill::quant::prefer_dot_q8(t)) continue;  // the matmul's q8 formats
       spill::cpu::set_activation_mode(mode);
       const Result r = measure(pool, threads, t, M, K, secs, stream_bytes);
       const double bpw = spill::dtype_bits_per_weight(t);
