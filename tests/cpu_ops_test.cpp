@@ -126,6 +126,19 @@ QuantTensor quantized_tensor(DType dtype, int64_t rows, int64_t cols, std::mt199
 const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
                              DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
 
+// Sets the CPU matmul's activation mode for one test and puts the previous one back.
+struct ActivationModeScope {
+  spill::cpu::ActivationMode saved = spill::cpu::activation_mode();
+  explicit ActivationModeScope(spill::cpu::ActivationMode m) { spill::cpu::set_activation_mode(m); }
+  ~ActivationModeScope() { spill::cpu::set_activation_mode(saved); }
+};
+
+TEST(BlockMatmul, ActivationModeNames) {
+  EXPECT_EQ(spill::cpu::parse_activation_mode("q8"), spill::cpu::ActivationMode::Q8);
+  EXPECT_EQ(spill::cpu::parse_activation_mode("f32"), spill::cpu::ActivationMode::F32);
+  EXPECT_THROW(spill::cpu::parse_activation_mode("int8"), spill::Error);
+}
+
 class BlockMatmulTest : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, int64_t>> {};
 
 // Each output is the row's quant::dot with the token (whose accuracy against a float64 dot of the
@@ -138,6 +151,7 @@ TEST_P(BlockMatmulTest, EveryOutputIsTheRowDot) {
   std::vector<float> x = random_vector(static_cast<size_t>(n * K), rng);
   std::vector<float> y(static_cast<size_t>(n * M), NAN);
   spill::ThreadPool pool(3);
+  ActivationModeScope f32(spill::cpu::ActivationMode::F32);
   spill::cpu::matmul(pool, x.data(), n, w.view, y.data());
   for (int64_t t = 0; t < n; ++t)
     for (int64_t m = 0; m < M; ++m) {
@@ -145,6 +159,30 @@ TEST_P(BlockMatmulTest, EveryOutputIsTheRowDot) {
       ASSERT_EQ(y[size_t(t * M + m)], expected) << "t=" << t << " m=" << m;
       ASSERT_EQ(spill::cpu::dot_row(x.data() + t * K, w.view, m), expected);
     }
+}
+
+// With int8 activations each output is quant::dot_q8 of the row with that token rounded alone
+// (formats whose q8 kernel is not the faster one keep quant::dot).
+TEST_P(BlockMatmulTest, Q8OutputIsTheRowDotQ8) {
+  auto [dtype, n, M, blocks] = GetParam();
+  const int64_t K = blocks * spill::dtype_block_elems(dtype);
+  std::mt19937 rng(uint32_t(n * 131 + M * 7 + K));
+  QuantTensor w = quantized_tensor(dtype, M, K, rng);
+  std::vector<float> x = random_vector(static_cast<size_t>(n * K), rng);
+  std::vector<float> y(static_cast<size_t>(n * M), NAN);
+  spill::ThreadPool pool(3);
+  ActivationModeScope q8(spill::cpu::ActivationMode::Q8);
+  spill::cpu::matmul(pool, x.data(), n, w.view, y.data());
+  spill::quant::ActivationsQ8 a;
+  for (int64_t t = 0; t < n; ++t) {
+    spill::quant::quantize_activations_q8(x.data() + t * K, K, a);
+    for (int64_t m = 0; m < M; ++m) {
+      const float expected = spill::quant::prefer_dot_q8(dtype)
+                                 ? spill::quant::dot_q8(dtype, w.view.row_data(m), a)
+                                 : spill::quant::dot(dtype, w.view.row_data(m), x.data() + t * K, K);
+      ASSERT_EQ(y[size_t(t * M + m)], expected) << "t=" << t << " m=" << m;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BlockMatmulTest,
@@ -160,7 +198,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BlockMatmulTest,
                          });
 
 TEST(BlockMatmul, TokenResultIndependentOfBatch) {
+  for (auto mode : {spill::cpu::ActivationMode::F32, spill::cpu::ActivationMode::Q8})
   for (DType dtype : kBlockTypes) {
+    ActivationModeScope scope(mode);
     std::mt19937 rng(5);
     const int64_t M = 45, K = 3 * 256, n = 13;
     QuantTensor w = quantized_tensor(dtype, M, K, rng);
@@ -171,7 +211,8 @@ TEST(BlockMatmul, TokenResultIndependentOfBatch) {
     for (int64_t t = 0; t < n; ++t) {
       spill::cpu::matmul(pool, x.data() + t * K, 1, w.view, alone.data());
       for (int64_t m = 0; m < M; ++m)
-        ASSERT_EQ(alone[size_t(m)], batched[size_t(t * M + m)]) << spill::dtype_name(dtype) << " bitwise, t=" << t;
+        ASSERT_EQ(alone[size_t(m)], batched[size_t(t * M + m)])
+            << spill::dtype_name(dtype) << " " << spill::cpu::activation_mode_name(mode) << " bitwise, t=" << t;
     }
   }
 }

@@ -221,6 +221,133 @@ TEST_P(DotTest, EveryKernelPathGivesTheSameBits) {
 INSTANTIATE_TEST_SUITE_P(AllTypes, DotTest, ::testing::ValuesIn(kAllTypes),
                          [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
 
+// ---- the int8-activation path -----------------------------------------------------------
+
+// Every rounded activation is within half a step of its float (d_b / 2), up to the f32 rounding of
+// 127 / max and of x * that (two roundings of x, plus d_b's own: 4 ulp of |x| bounds them).
+TEST(ActivationsQ8, RoundingIsWithinHalfAStep) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {int64_t(32), int64_t(256), int64_t(256 * 5 + 96)}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng) * (normal(rng) > 1.5f ? 40.0f : 1.0f);
+    spill::quant::ActivationsQ8 a;
+    spill::quant::quantize_activations_q8(x.data(), n, a);
+    ASSERT_EQ(a.d.size(), size_t((n + 255) / 256));
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = a.d[size_t(i / 256)], xr = d * a.q[size_t(i)];
+      ASSERT_LE(std::abs(a.q[size_t(i)]), 127);
+      EXPECT_LE(std::fabs(double(x[size_t(i)]) - xr), d / 2 + 4 * std::ldexp(std::fabs(double(x[size_t(i)])), -24))
+          << "n=" << n << " i=" << i;
+    }
+    for (int64_t j = 0; j < n / 16; ++j) {
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += a.q[size_t(16 * j + l)];
+      EXPECT_EQ(a.sum16[size_t(j)], s);
+    }
+  }
+  std::vector<float> zeros(64, 0.0f);
+  spill::quant::ActivationsQ8 a;
+  spill::quant::quantize_activations_q8(zeros.data(), 64, a);
+  for (int8_t q : a.q) EXPECT_EQ(q, 0);
+  std::vector<float> bad(64, 1.0f);
+  bad[40] = NAN;
+  EXPECT_THROW(spill::quant::quantize_activations_q8(bad.data(), 64, a), spill::Error);
+  EXPECT_THROW(spill::quant::quantize_activations_q8(zeros.data(), 48, a), spill::Error);
+}
+
+const DType kQ8Types[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K, DType::Q4_K};
+
+class DotQ8Test : public ::testing::TestWithParam<DType> {};
+
+// The bound of quant.h's accuracy contract, against a float64 dot of the dequantized row with the
+// original f32 x: sum_i |w_i| |x_i - x'_i| for the activation rounding (x'_i = d_b q_i, computed
+// here in float64, so that term is exact), plus (nb + 12) u sum_i (|d_j q_i| + |m_j|) |x'_i| for
+// the float combination: per block the product d * float(sum) and the min's (3 roundings, and one
+// for float(sum) of an int32 above 2^24), the block's d_x (1), Q8_0's 8 inner terms (8), nb adds
+// into the total, and the reference's own 2 roundings of each dequantized weight.
+TEST_P(DotQ8Test, WithinTheActivationRoundingBound) {
+  const DType t = GetParam();
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t be = spill::dtype_block_elems(t);
+  for (int64_t blocks : {int64_t(1), int64_t(3), int64_t(2048 / be) + 1, int64_t(8192 / be)}) {
+    const int64_t n = blocks * be;
+    const std::vector<uint8_t> row = random_row(t, n, rng);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng);
+    spill::quant::ActivationsQ8 a;
+    spill::quant::quantize_activations_q8(x.data(), n, a);
+    std::vector<float> w(static_cast<size_t>(n)), quants(static_cast<size_t>(n)), mins(static_cast<size_t>(n), 0.0f);
+    spill::quant::dequantize_row(t, row.data(), w.data(), n);
+    const ScaleFields f = scale_fields(t);
+    if (f.dmin >= 0) {
+      spill::quant::dequantize_row(t, zero_field(t, row, f.dmin).data(), quants.data(), n);
+      spill::quant::dequantize_row(t, zero_field(t, row, f.d).data(), mins.data(), n);
+    } else {
+      quants = w;
+    }
+    double exact = 0, rounding = 0, magnitude = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = x[size_t(i)], xr = double(a.d[size_t(i / 256)]) * a.q[size_t(i)];
+      exact += double(w[size_t(i)]) * xi;
+      rounding += std::fabs(double(w[size_t(i)])) * std::fabs(xi - xr);
+      magnitude += (std::fabs(double(quants[size_t(i)])) + std::fabs(double(mins[size_t(i)]))) * std::fabs(xr);
+    }
+    const double nb = double((n + 255) / 256);
+    const double tolerance = rounding + (nb + 12) * std::ldexp(1.0, -24) * magnitude;
+    const float got = spill::quant::dot_q8(t, row.data(), a);
+    EXPECT_NEAR(double(got), exact, tolerance) << spill::dtype_name(t) << " n=" << n;
+    // And the bound is not vacuous: the activation rounding is most of it, and far below the dot.
+    EXPECT_LT(rounding, 0.05 * magnitude) << spill::dtype_name(t) << " n=" << n;
+  }
+}
+
+TEST_P(DotQ8Test, EveryKernelPathGivesTheSameBits) {
+  const DType t = GetParam();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t be = spill::dtype_block_elems(t);
+  int paths_compared = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t n = be * (1 + trial * 3);
+    std::vector<uint8_t> row = random_row(t, n, rng);
+    // Extreme bytes too: every quant and scale bit pattern is a legal block.
+    if (trial % 4 == 3)
+      for (size_t i = 0; i < row.size(); ++i)
+        if (rng() % 3 == 0) row[i] = uint8_t(rng());
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng);
+    if (trial % 5 == 4) x[0] = 1000.0f;  // one large activation: the others round to few levels
+    spill::quant::ActivationsQ8 a;
+    spill::quant::quantize_activations_q8(x.data(), n, a);
+    const float scalar = spill::quant::dot_q8_on(spill::quant::KernelPath::Scalar, t, row.data(), a);
+    for (auto p : {spill::quant::KernelPath::Avx2, spill::quant::KernelPath::Avx512}) {
+      if (!spill::quant::cpu_supports(p)) continue;
+      const float v = spill::quant::dot_q8_on(p, t, row.data(), a);
+      if (std::isnan(scalar)) EXPECT_TRUE(std::isnan(v));
+      else EXPECT_EQ(bits_of(v), bits_of(scalar)) << spill::quant::kernel_path_name(p) << " vs scalar, n=" << n;
+      ++paths_compared;
+    }
+  }
+  if (paths_compared == 0) GTEST_SKIP() << "this CPU has no vector path to compare with the scalar one";
+}
+
+INSTANTIATE_TEST_SUITE_P(Q8Types, DotQ8Test, ::testing::ValuesIn(kQ8Types),
+                         [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
+
+TEST(DotQ8, RefusesFormatsWithoutAKernelAndPartialRows) {
+  std::vector<float> x(256, 0.5f);
+  spill::quant::ActivationsQ8 a;
+  spill::quant::quantize_activations_q8(x.data(), 256, a);
+  std::vector<uint8_t> row(size_t(spill::row_bytes(DType::Q3_K, 256)), 0);
+  EXPECT_FALSE(spill::quant::has_dot_q8(DType::Q3_K));
+  EXPECT_THROW(spill::quant::dot_q8(DType::Q3_K, row.data(), a), spill::Error);
+  spill::quant::quantize_activations_q8(x.data(), 96, a);
+  std::vector<uint8_t> q4(size_t(spill::row_bytes(DType::Q4_K, 256)), 0);
+  EXPECT_THROW(spill::quant::dot_q8(DType::Q4_K, q4.data(), a), spill::Error);
+}
+
 TEST(Dot, RejectsPartialBlocks) {
   std::vector<uint8_t> bytes(1024);
   std::vector<float> x(300);

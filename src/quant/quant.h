@@ -8,6 +8,7 @@
 // but the kernel choice, made once).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -50,5 +51,57 @@ bool cpu_supports(KernelPath p);
 const char* kernel_path_name(KernelPath p);
 // dot() on a given path; throws spill::Error if this CPU cannot run it.
 float dot_on(KernelPath p, DType t, const void* row, const float* x, int64_t n);
+
+// ---- the int8-activation path (what llama.cpp's CPU backend computes) ----------------
+//
+// A second, explicitly named dot product for decode speed: each token's activations are rounded
+// once per matmul to 8 bits per block of 256 (the last block of a row whose length is not a
+// multiple of 256 is shorter: n % 256, a multiple of 32), and the weights' integer quants are
+// multiplied with them in integer arithmetic (AVX2 maddubs/madd), with the float scales applied
+// once per (sub-)block. This is the arithmetic llama.cpp's CPU path uses for the k-quants (its
+// Q8_K activations), so spill's CPU decode reads weights at memory speed instead of converting
+// every quant to float.
+//
+// Accuracy contract. quantize_activations_q8 stores, per block b of x, d_b = max_i |x_i| / 127
+// and q_i = round(x_i / d_b) in [-127, 127], so x'_i = d_b q_i differs from x_i by at most
+// d_b / 2 (plus the f32 rounding of 127 / max and of x_i * that, a few ulp of x_i). dot_q8 then
+// computes sum_i w_i x'_i with every integer product and per-block sum exact (so the scalar and
+// AVX2 kernels give the same bits by construction; the AVX-512 choice runs the AVX2 integer
+// kernels), and the float scales combined in one order shared by every path. Against the exact
+// sum_i w_i x_i of the dequantized row w and the original x, the error is at most
+//   sum_i |w_i| |x_i - x'_i|  (<= sum_i |w_i| d_b(i) / 2)          the activation rounding,
+//   + (nb + 12) u sum_i (|d_j q_i| + |m_j|) |x'_i|                 the float combination,
+// with u = 2^-24, nb the number of 256-blocks and d_j q_i, m_j the scale and min parts of w_i
+// (tests/quant_test.cpp checks exactly this). It is not quant::dot's result: anything compared
+// against a reference (the CUDA op tests, the parity tests) uses the f32 path.
+//
+// Batch invariance: each token is quantized alone, so its result never depends on the batch.
+
+// One token's activations rounded to int8 per block of 256.
+struct ActivationsQ8 {
+  int64_t n = 0;
+  std::vector<float> d;        // per block of 256 (ceil(n / 256) of them): x' = d * q
+  std::vector<int8_t> q;       // n values in [-127, 127]
+  std::vector<int16_t> sum16;  // sum of q over each 16 consecutive values (n / 16), for min terms
+};
+
+// Rounds n activations (n a multiple of 32, the smallest block any format has) into out, reusing
+// its storage. Throws spill::Error for a non-finite activation or n not a multiple of 32.
+void quantize_activations_q8(const float* x, int64_t n, ActivationsQ8& out);
+
+// The formats dot_q8 has an integer kernel for (Q8_0, Q4_K, Q6_K, Q5_K). The others keep dot().
+bool has_dot_q8(DType t);
+// The formats the CPU matmul takes dot_q8 for by default (Q4_K, Q5_K, Q6_K: 1.5-3x their f32
+// kernels). Q8_0 stays on f32: its f32 kernel is already one convert and one fma per weight, and
+// its q8 kernel measured slower (docs/perf/cpu-q8-activations-2026-12-01.md); it now sums four
+// blocks per horizontal add and is still to be re-measured.
+bool prefer_dot_q8(DType t);
+
+// sum_i dequantize(row)[i] * x'_i over a.n weights (see the accuracy contract above). Throws
+// spill::Error for a format without a q8 kernel or a row that is not whole blocks.
+float dot_q8(DType t, const void* row, const ActivationsQ8& a);
+// dot_q8 on a given path (Scalar, or Avx2 / Avx512, which share the AVX2 integer kernels); for the
+// tests and benchmarks. Throws spill::Error if this CPU cannot run it.
+float dot_q8_on(KernelPath p, DType t, const void* row, const ActivationsQ8& a);
 
 }  // namespace spill::quant

@@ -5,6 +5,10 @@
 // exceed the last-level cache), on 1 and on every hardware thread. Rates are given per wall
 // second and per CPU second per thread (the machine may be shared; see process_cpu_seconds).
 //
+// Block formats the matmul gives int8 activations (quant::prefer_dot_q8) are measured twice: with f32
+// activations (quant::dot, the exact reference) and with int8 activations (quant::dot_q8, the
+// matmul's default; the per-token rounding is inside the timed matmul).
+//
 // Build: cmake --build build --target quant_speed; run: build/quant_speed [seconds-per-case]
 #include <immintrin.h>
 #include <time.h>
@@ -142,13 +146,16 @@ int main(int argc, char** argv) {
     const Rate bw = read_bandwidth(pool, threads, buf, secs);
     std::printf("threads: %d, measured read bandwidth: %.1f GB/s wall, %.1f GB/s per CPU-second per thread\n\n",
                 threads, bw.wall, bw.cpu);
-    std::printf("| type | bits/weight | in cache GB/s (wall / cpu) | streamed GB/s (wall / cpu) | streamed / bandwidth (cpu) | streamed Gweights/s (cpu) | 16 tokens, in cache: Gweight-tokens/s (cpu) |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
-    for (DType t : types) {
+    std::printf("| type | activations | bits/weight | in cache GB/s (wall / cpu) | streamed GB/s (wall / cpu) | streamed / bandwidth (cpu) | streamed Gweights/s (cpu) | 16 tokens, in cache: Gweight-tokens/s (cpu) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    for (DType t : types)
+    for (auto mode : {spill::cpu::ActivationMode::F32, spill::cpu::ActivationMode::Q8}) {
+      if (mode == spill::cpu::ActivationMode::Q8 && !spill::quant::prefer_dot_q8(t)) continue;  // the matmul's q8 formats
+      spill::cpu::set_activation_mode(mode);
       const Result r = measure(pool, threads, t, M, K, secs, stream_bytes);
       const double bpw = spill::dtype_bits_per_weight(t);
-      std::printf("| %s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f | %.2f |\n",
-                  std::string(spill::dtype_name(t)).c_str(), bpw, r.hot.wall, r.hot.cpu, r.cold.wall, r.cold.cpu,
+      std::printf("| %s | %s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f | %.2f |\n",
+                  std::string(spill::dtype_name(t)).c_str(), spill::cpu::activation_mode_name(mode), bpw, r.hot.wall, r.hot.cpu, r.cold.wall, r.cold.cpu,
                   100 * r.cold.cpu / bw.cpu, r.cold.cpu * 8 / bpw, r.batch16.cpu);
       std::fflush(stdout);
     }

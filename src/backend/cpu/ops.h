@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -15,7 +16,20 @@ namespace spill::cpu {
 // y[n, M] = x[n, K] * w[M, K]^T (+ bias[M]). Parallel over the rows of w.
 void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, float* y,
             const TensorView* bias = nullptr);
-// Dot product of x[K] with row `row` of w, in the canonical accumulation order.
+// Block-format weights with a faster int8 kernel (Q4_K, Q5_K, Q6_K: quant::prefer_dot_q8) take the int8-activation
+// path by default: each token's x is rounded to 8 bits per block of 256 once per call and the
+// rows are dotted with it in integer arithmetic (quant.h states the bound; it is what llama.cpp's
+// CPU path computes). ActivationMode::F32 forces quant::dot with f32 activations for every
+// format, the exact reference that the CUDA op tests and parity checks compare against. Either
+// way a token's result does not depend on the batch. The default comes from the environment
+// variable SPILL_CPU_ACTIVATIONS=f32|q8 (read once; anything else is an error at first use).
+enum class ActivationMode : uint8_t { F32, Q8 };
+ActivationMode activation_mode();
+void set_activation_mode(ActivationMode mode);
+// "f32" / "q8", and back (throws spill::Error naming the accepted values).
+const char* activation_mode_name(ActivationMode mode);
+ActivationMode parse_activation_mode(std::string_view name);
+// Dot product of x[K] with row `row` of w, in the canonical accumulation order (f32 activations).
 float dot_row(const float* x, const TensorView& w, int64_t row);
 // Row `row` of w as floats.
 void load_row(const TensorView& w, int64_t row, float* out);
