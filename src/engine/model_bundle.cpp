@@ -85,10 +85,15 @@ ModelBundle open_model_bundle(const std::string& path, bool require_tokenizer) {
   if (is_gguf_model_path(path)) {
     std::shared_ptr<const gguf::GgufFile> file = gguf::GgufFile::open(path);
     ModelSpec spec = gguf_model_spec(*file);
-    b.tokenizer = gguf_tokenizer(*file);  // refused up front, before the weights are resolved
-    if (b.tokenizer->vocab_size() > spec.vocab_size)
-      fail("{}: the tokenizer has {} tokens but token_embd.weight only {} rows", path, b.tokenizer->vocab_size(),
-           spec.vocab_size);
+    // A file without a tokenizer (tokenizer.ggml.model absent or "none", as random benchmark files
+    // are) serves token ids only; any other tokenizer is checked up front, before the weights.
+    const std::string tokenizer_model = file->metadata().string("tokenizer.ggml.model", "");
+    if (require_tokenizer || !(tokenizer_model.empty() || tokenizer_model == "none")) {
+      b.tokenizer = gguf_tokenizer(*file);
+      if (b.tokenizer->vocab_size() > spec.vocab_size)
+        fail("{}: the tokenizer has {} tokens but token_embd.weight only {} rows", path, b.tokenizer->vocab_size(),
+             spec.vocab_size);
+    }
     b.sampling = sampling_defaults_from_gguf(file->metadata());
     auto source = open_gguf_source(file, spec);
     b.model = Model::from_source(std::move(spec), std::move(source));
