@@ -12,6 +12,8 @@ void add_generate_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
 void add_run_batch_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_seats_command(CLI::App& app);
 
 // The model folder used when --model is not given: models/spill-tiny next to the installed
 // executable or in the source tree it was built from.

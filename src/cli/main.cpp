@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   spill::cli::add_generate_command(app);
   spill::cli::add_run_batch_command(app);
   spill::cli::add_serve_command(app);
+  spill::cli::add_bench_command(app);
+  spill::cli::add_seats_command(app);
 
   try {
     app.parse(argc, argv);
