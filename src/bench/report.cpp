@@ -402,7 +402,10 @@ double nice_step(double range) {
 
 std::string svg_chart(const std::string& title, const std::string& xlabel, const std::string& ylabel, const std::vector<Series>& series,
                       const std::vector<std::pair<double, std::string>>& hlines, bool log_x) {
-  const double W = 720, H = 400, L = 70, R = 200, T = 40, B = 50;
+  // The plot is 720 x 400; the legend goes under it, two entries a row, so long names fit.
+  const double W = 760, L = 70, R = 30, T = 40, B = 50;
+  const double H = 400 + 18 * double((series.size() + 1) / 2) + 10;
+  const double plot_bottom = 400 - B;
   double xmin = INFINITY, xmax = -INFINITY, ymax = 0;
   std::set<double> xs;
   for (const Series& s : series)
@@ -416,7 +419,7 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
   std::string out = fmt::format("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' viewBox='0 0 {} {}' font-family='sans-serif' font-size='12'>\n",
                                 W, H, W, H);
   out += fmt::format("<text x='{}' y='22' font-size='15' font-weight='bold'>{}</text>\n", L, escape_html(title));
-  if (xs.empty() || ymax <= 0) return out + fmt::format("<text x='{}' y='{}'>no data</text></svg>\n", L, H / 2);
+  if (xs.empty() || ymax <= 0) return out + fmt::format("<text x='{}' y='{}'>no data</text></svg>\n", L, plot_bottom / 2);
   if (log_x && xmin <= 0) log_x = false;
   auto fx = [&](double x) {
     if (xmax == xmin) return L + (W - L - R) / 2;
@@ -425,23 +428,27 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
   };
   double step = nice_step(ymax * 1.1);
   double ytop = std::ceil(ymax * 1.1 / step) * step;
-  auto fy = [&](double y) { return H - B - y / ytop * (H - T - B); };
-  out += fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='none' stroke='#999'/>\n", L, T, W - L - R, H - T - B);
+  auto fy = [&](double y) { return plot_bottom - y / ytop * (plot_bottom - T); };
+  out += fmt::format("<rect x='{}' y='{}' width='{}' height='{}' fill='none' stroke='#999'/>\n", L, T, W - L - R, plot_bottom - T);
   for (double y = 0; y <= ytop + 1e-9; y += step) {
     out += fmt::format("<line x1='{}' x2='{}' y1='{:.1f}' y2='{:.1f}' stroke='#eee'/><text x='{}' y='{:.1f}' text-anchor='end'>{}</text>\n", L, W - R,
-                       fy(y), fy(y), L - 6, fy(y) + 4, num(y, step < 1 ? 2 : 0));
+                       fy(y), fy(y), L - 6, fy(y) + 4, num(y, std::fmod(step, 1) == 0 ? 0 : step >= 0.1 ? 1 : 2));
   }
   for (double x : xs) {
     std::string lab = x >= 1024 && std::fmod(x, 1024) == 0 ? fmt::format("{}K", int64_t(x / 1024)) : num(x, 0);
     out += fmt::format("<line x1='{:.1f}' x2='{:.1f}' y1='{}' y2='{}' stroke='#999'/><text x='{:.1f}' y='{}' text-anchor='middle'>{}</text>\n", fx(x),
-                       fx(x), H - B, H - B + 4, fx(x), H - B + 18, lab);
+                       fx(x), plot_bottom, plot_bottom + 4, fx(x), plot_bottom + 18, lab);
   }
-  out += fmt::format("<text x='{}' y='{}' text-anchor='middle'>{}</text>\n", L + (W - L - R) / 2, H - 12, escape_html(xlabel));
-  out += fmt::format("<text x='16' y='{}' text-anchor='middle' transform='rotate(-90 16 {})'>{}</text>\n", T + (H - T - B) / 2,
-                     T + (H - T - B) / 2, escape_html(ylabel));
-  for (const auto& [y, label] : hlines) {
-    out += fmt::format("<line x1='{}' x2='{}' y1='{:.1f}' y2='{:.1f}' stroke='#000' stroke-dasharray='2,3'/><text x='{}' y='{:.1f}'>{}</text>\n", L,
-                       W - R, fy(y), fy(y), W - R + 6, fy(y) + 4, escape_html(label));
+  out += fmt::format("<text x='{}' y='{}' text-anchor='middle'>{}</text>\n", L + (W - L - R) / 2, plot_bottom + 36, escape_html(xlabel));
+  out += fmt::format("<text x='16' y='{}' text-anchor='middle' transform='rotate(-90 16 {})'>{}</text>\n", T + (plot_bottom - T) / 2,
+                     T + (plot_bottom - T) / 2, escape_html(ylabel));
+  for (size_t i = 0; i < hlines.size(); ++i) {
+    const auto& [y, label] = hlines[i];
+    // The first label under its line, the others above theirs, so close lines stay readable.
+    double label_y = i == 0 ? fy(y) + 13 : fy(y) - 4;
+    out += fmt::format("<line x1='{}' x2='{}' y1='{:.1f}' y2='{:.1f}' stroke='#000' stroke-dasharray='2,3'/>"
+                       "<text x='{}' y='{:.1f}' text-anchor='end'>{}</text>\n",
+                       L, W - R, fy(y), fy(y), W - R - 4, label_y, escape_html(label));
   }
   int legend = 0;
   for (const Series& s : series) {
@@ -453,10 +460,10 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
     for (auto [x, y] : s.points)
       out += fmt::format("<circle cx='{:.1f}' cy='{:.1f}' r='3' fill='{}'><title>{}: {} at {}</title></circle>\n", fx(x), fy(y), color,
                          escape_html(s.name), num(y, 2), num(x, 0));
-    double ly = T + 10 + 18 * legend++;
+    double lx = L + (legend % 2) * (W - L - R) / 2, ly = 400 + 18 * (legend / 2);
+    ++legend;
     out += fmt::format("<line x1='{}' x2='{}' y1='{:.1f}' y2='{:.1f}' stroke='{}' stroke-width='2' {}/><text x='{}' y='{:.1f}'>{}</text>\n",
-                       W - R + 60, W - R + 80, ly + 40, ly + 40, color, s.dashed ? "stroke-dasharray='6,4'" : "", W - R + 84, ly + 44,
-                       escape_html(s.name));
+                       lx, lx + 24, ly, ly, color, s.dashed ? "stroke-dasharray='6,4'" : "", lx + 30, ly + 4, escape_html(s.name));
   }
   return out + "</svg>\n";
 }

@@ -37,6 +37,7 @@ struct BenchArgs {
   double slo = 40, margin = 0.10;
   bench::RunOptions run;
   std::vector<std::string> argv;
+  bool has_overrides = false;  // a flag changed a scenario's sizes
 };
 
 std::string machine_description() {
@@ -98,6 +99,7 @@ void apply_overrides(const BenchArgs& a, std::vector<bench::Scenario>& scenarios
     }
     if (s.kind == bench::ScenarioKind::PpTg && !a.depths.empty()) s.depths = a.depths;
     if (a.output_tokens > 0 && s.kind != bench::ScenarioKind::Agent) s.output_tokens = a.output_tokens;
+    if (a.has_overrides) s.description += "; sizes changed on the command line (result.json has them)";
   }
 }
 
@@ -121,6 +123,9 @@ void run(BenchArgs& a) {
     return;
   }
   if (a.url.empty()) fail("bench: give the server's URL, e.g. spill bench http://127.0.0.1:8080 (or --compare a.json b.json)");
+  a.has_overrides = !a.concurrency.empty() || a.turns > 0 || a.sessions > 0 || a.context > 0 || a.short_output > 0 || a.long_output > 0 ||
+                    a.think_time >= 0 || a.rate >= 0 || !a.lengths.empty() || a.repeats > 0 || a.prefix_tokens > 0 || a.users > 0 ||
+                    !a.depths.empty() || a.output_tokens > 0;
   std::vector<bench::Scenario> scenarios = bench::select_scenarios(a.scenario);
   apply_overrides(a, scenarios);
   a.run.endpoint.url = a.url;
