@@ -110,10 +110,10 @@ class Runner {
 
   std::string text(int64_t tokens, uint64_t seed) { return text_with_tokens(counter_, tokens, seed); }
 
-  void finish_group(const std::string& label) {
+  // The group's last progress line stays on screen.
+  void finish_group() {
     if (!options_.progress) return;
     std::fprintf(stderr, "%s%s\n", isatty(2) ? "\r\033[K" : "", progress_.line().c_str());
-    (void)label;
   }
 
   // Sends one request and records it. Thread-safe.
@@ -237,7 +237,7 @@ class Runner {
       progress_.start(fmt::format("{} {}", s.name, group), int64_t(n_sessions) * s.turns);
       std::atomic<int> next{0};
       Clock::time_point level_start = Clock::now();
-      auto worker = [&](int agent) {
+      auto worker = [&] {
         ApiClient client(options_.endpoint);
         for (int i = next++; i < n_sessions; i = next++) {
           Session& se = sessions[size_t(i)];
@@ -255,12 +255,11 @@ class Runner {
             if (se.think_s[turn] > 0) std::this_thread::sleep_for(std::chrono::duration<double>(se.think_s[turn]));
           }
         }
-        (void)agent;
       };
       std::vector<std::thread> threads;
-      for (int a = 0; a < c; ++a) threads.emplace_back(worker, a);
+      for (int a = 0; a < c; ++a) threads.emplace_back(worker);
       for (std::thread& th : threads) th.join();
-      finish_group(group);
+      finish_group();
     }
   }
 
@@ -278,7 +277,7 @@ class Runner {
         rec.content_tokens = len;
         send(client, std::move(rec), request({{"user", prompts[size_t(r)]}}, s.output_tokens, base + uint64_t(r)));
       }
-      finish_group(group);
+      finish_group();
     }
   }
 
@@ -308,7 +307,7 @@ class Runner {
       }
       for (std::thread& th : threads) th.join();
     }
-    finish_group(group);
+    finish_group();
   }
 
   void run_pp_tg(const Scenario& s) {
@@ -336,7 +335,7 @@ class Runner {
         rec.content_tokens = depth + s.pp_tokens;
         send(client, std::move(rec), request(messages_with(pp_texts[size_t(r)]), 1, base + uint64_t(r)));
       }
-      finish_group(pp_group);
+      finish_group();
       std::string tg_group = fmt::format("tg{}@d{}", s.tg_tokens, depth);
       progress_.start(s.name + " " + tg_group, s.repetitions);
       for (int r = 0; r < s.repetitions; ++r) {
@@ -345,7 +344,7 @@ class Runner {
         rec.content_tokens = depth + 16;
         send(client, std::move(rec), request(messages_with(tg_texts[size_t(r)]), s.tg_tokens, base + uint64_t(r)));
       }
-      finish_group(tg_group);
+      finish_group();
     }
   }
 };
