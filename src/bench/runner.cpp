@@ -177,7 +177,7 @@ class Runner {
       } else if (s.kind == ScenarioKind::PpTg) {
         std::vector<int64_t> fit;
         for (int64_t d : sr.scenario.depths)
-          if (d + std::max(s.pp_tokens, s.tg_tokens) + 48 <= max_len) fit.push_back(d);
+          if (d + std::max(s.pp_tokens, kTgPromptTokens + s.tg_tokens) + 48 <= max_len) fit.push_back(d);
           else sr.notes.push_back(fmt::format("depth {} left out: it does not fit the context of {} tokens", d, max_len));
         sr.scenario.depths = fit;
         if (fit.empty()) sr.skipped = fmt::format("no depth fits the server's context of {} tokens", max_len);
@@ -310,6 +310,8 @@ class Runner {
     finish_group();
   }
 
+  static constexpr int64_t kTgPromptTokens = 128;
+
   void run_pp_tg(const Scenario& s) {
     uint64_t base = mix_seed(options_.seed, hash_name(s.name));
     ApiClient client(options_.endpoint);
@@ -325,7 +327,9 @@ class Runner {
       std::vector<std::string> pp_texts, tg_texts;
       for (int r = 0; r < s.repetitions; ++r) {
         pp_texts.push_back(text(s.pp_tokens, mix_seed(base, uint64_t(depth) * 7919 + uint64_t(r))));
-        tg_texts.push_back(text(16, mix_seed(base, uint64_t(depth) * 7919 + 500 + uint64_t(r))));
+        // A prompt of code (not a few words) so that a code model answers with code and streams it
+        // token by token; a reply the server holds back (a tool call) would hide the decode speed.
+        tg_texts.push_back(text(kTgPromptTokens, mix_seed(base, uint64_t(depth) * 7919 + 500 + uint64_t(r))));
       }
       std::string pp_group = fmt::format("pp{}@d{}", s.pp_tokens, depth);
       progress_.start(s.name + " " + pp_group, s.repetitions);
@@ -341,7 +345,7 @@ class Runner {
       for (int r = 0; r < s.repetitions; ++r) {
         RequestRecord rec = record(s, "tg", tg_group, double(depth), 1);
         rec.turn = r;
-        rec.content_tokens = depth + 16;
+        rec.content_tokens = depth + kTgPromptTokens;
         send(client, std::move(rec), request(messages_with(tg_texts[size_t(r)]), s.tg_tokens, base + uint64_t(r)));
       }
       finish_group();

@@ -75,11 +75,13 @@ std::string python_block(std::mt19937_64& rng) {
   return out;
 }
 
-// k one-letter words: "a b c ..."; one token each with byte-level BPE, corrected by counting.
+// A comment of one-letter words, "# a b c ...": k tokens with byte-level BPE ("#", then " a", " b", ...),
+// corrected by counting. A comment keeps the text Python, so code models answer it with code.
 std::string letter_tail(int64_t k, uint64_t salt) {
-  std::string out;
-  for (int64_t i = 0; i < k; ++i) {
-    if (i) out += ' ';
+  if (k <= 0) return "";
+  std::string out = "#";
+  for (int64_t i = 1; i < k; ++i) {
+    out += ' ';
     out += char('a' + (uint64_t(i) + salt) % 26);
   }
   return out;
@@ -146,8 +148,8 @@ std::string text_with_tokens(TokenCounter& counter, int64_t tokens, uint64_t see
     if (got == tokens) return candidate;
     k += tokens - got;
   }
-  fail("bench: could not build a text of exactly {} tokens with {} (the tokenizer does not count one-letter words "
-       "as one token each); pass another --tokenizer",
+  fail("bench: could not build a text of exactly {} tokens with {} (the tokenizer does not count \"#\" and one-letter "
+       "words as one token each); pass another --tokenizer",
        tokens, counter.describe());
 }
 
@@ -172,7 +174,8 @@ int64_t Scenario::worst_case_tokens() const {
       return (lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end())) + output_tokens + kTemplatePerMessage;
     case ScenarioKind::PrefixCache: return prefix_tokens + suffix_tokens + output_tokens + 2 * kTemplatePerMessage;
     case ScenarioKind::PpTg:
-      return (depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end())) + std::max(pp_tokens, tg_tokens) +
+      // The tg prompt is 128 tokens of code (runner.cpp).
+      return (depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end())) + std::max(pp_tokens, 128 + tg_tokens) +
              2 * kTemplatePerMessage;
   }
   return 0;

@@ -199,6 +199,7 @@ void add_bench_command(CLI::App& app) {
       if (opt->count() == 0 || opt->get_name() == "--help") continue;
       std::string joined;
       for (const auto& v : opt->results()) joined += (joined.empty() ? "" : ",") + v;
+      if (joined.find(' ') != std::string::npos) joined = "'" + joined + "'";
       if (opt->get_name() == "url") a->argv.push_back(joined);
       else if (opt->get_name() == "--api-key") a->argv.push_back("--api-key ...");
       else a->argv.push_back(opt->get_name() + (opt->get_expected_min() == 0 ? "" : " " + joined));
