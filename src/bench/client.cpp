@@ -245,6 +245,15 @@ void ApiClient::chat_stream(const ChatRequest& request, Clock::time_point run_st
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   bool ok = http_->send(req, res, err);
+  if (!ok && status == 0 && (err == httplib::Error::Read || err == httplib::Error::Write)) {
+    // A kept-alive connection the server had closed (httplib servers close after 5 requests, as
+    // llama-server does): nothing was answered, so send again on a fresh connection, timed anew.
+    sent = Clock::now();
+    rec.start_s = std::chrono::duration<double>(sent - run_start).count();
+    res = httplib::Response();
+    err = httplib::Error::Success;
+    ok = http_->send(req, res, err);
+  }
   Clock::time_point end = Clock::now();
   // As vLLM's benchmark does: the reply ends with its last token (the usage chunk and [DONE] after
   // it are bookkeeping), so TPOT = (latency - TTFT) / (tokens - 1) spans token to token.
