@@ -415,8 +415,7 @@ TEST(GgufBundle, CommittedFileOpensWithEverything) {
   // that ends generation: what models/spill-tiny/generation_config.json lists.
   EXPECT_EQ(s.eos_token_ids, (std::vector<int32_t>{2, 0}));
   EXPECT_EQ(b.tokenizer->token_text(2), "<|im_end|>");
-  ASSERT_TRUE(b.sampling.temperature);
-  EXPECT_FLOAT_EQ(*b.sampling.temperature, 0.7f);  // general.sampling.temp
+  EXPECT_FLOAT_EQ(b.sampling.temperature, 0.7f);  // general.sampling.temp
   const std::vector<float> logits = testing::all_logits(*b.model, b.tokenizer->encode("def f(x):\n    return x"));
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }

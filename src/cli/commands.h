@@ -18,6 +18,8 @@ void add_quantize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_topo_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_seats_command(CLI::App& app);
 
 // A byte-size flag: a count of bytes, or a whole number with a binary unit (512M, 8G, 8GiB,
 // 1T; K = 1024). Zero and negative sizes are refused. One parser for every command.

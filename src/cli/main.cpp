@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   spill::cli::add_plan_command(app);
   spill::cli::add_profile_command(app);
   spill::cli::add_topo_command(app);
+  spill::cli::add_bench_command(app);
+  spill::cli::add_seats_command(app);
 
   try {
     app.parse(argc, argv);
