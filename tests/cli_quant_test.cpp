@@ -40,7 +40,10 @@ std::string tmp(const std::string& name) {
 
 std::string join(const nlohmann::json& ids) {
   std::string s;
-  for (int id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  for (int id : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(id);
+  }
   return s;
 }
 

@@ -519,7 +519,8 @@ class EngineTextTest : public ::testing::Test {
     dir_ = nullptr;
   }
   static std::unique_ptr<Engine> open(const EngineConfig& config = {}) {
-    return open_cpu_engine({.model_dir = dir_->path(), .kv = {.blocks = 64}, .threads = kThreads}, config);
+    return open_cpu_engine(
+        {.model_dir = dir_->path(), .kv = {.blocks = 64}, .threads = kThreads, .quant = "", .imatrix = ""}, config);
   }
   static TempDir* dir_;
 };

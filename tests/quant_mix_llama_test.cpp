@@ -1,6 +1,6 @@
-// spill's presets against llama-quantize itself: for every tensor of six models (spill-tiny and
-// the GGUF test models of every architecture) and every preset, the type spill's mix gives equals
-// the type llama-quantize wrote into the file (tests/data/quant/llama_mixes.json, made by
+// spill's presets against llama-quantize itself: for every tensor of four models and every preset,
+// the type spill's mix gives equals the type llama-quantize wrote into the file (tests/data/quant/llama_mixes.json: spill-tiny and the
+// mixtral, olmoe and llama GGUF test models of /work/gguf, made by
 // tools/fixtures/make_quant_mix_fixture.py), up to the one documented substitution: llama.cpp's
 // 32-block fallback types that spill does not store (Q4_0, Q5_0, Q5_1, IQ4_NL) are Q8_0 in spill.
 #include <gtest/gtest.h>
@@ -85,7 +85,7 @@ TEST(QuantMixVsLlamaQuantize, EveryTensorOfEveryPresetGetsLlamaCppsType) {
       }
     }
   }
-  EXPECT_GT(compared, 1000);
+  EXPECT_GT(compared, 1500);  // 144 tensors x 14 presets in the fixture
   std::printf("compared %lld tensor types, %lld with spill's Q8_0 for a 32-block type it does not store\n",
               (long long)compared, (long long)substituted);
 }

@@ -163,8 +163,9 @@ TEST(QuantizeOnLoad, EveryTensorIsQuantizeOfItsSourceRows) {
     for (const QuantPlanEntry& p : plan) {
       const TensorView& src = find_views(p, *original);
       const TensorView& got = find_views(p, *model);
-      if (!p.choice.quantize) {
-        EXPECT_EQ(got.data, src.data) << p.name;
+      if (!p.choice.quantize) {  // kept as stored: same type, same bytes
+        EXPECT_EQ(got.dtype, src.dtype) << p.name;
+        EXPECT_EQ(0, std::memcmp(got.data, src.data, src.nbytes())) << p.name;
         continue;
       }
       ASSERT_EQ(got.dtype, p.choice.type) << p.name;
@@ -192,7 +193,7 @@ TEST(QuantizeOnLoad, EveryTensorIsQuantizeOfItsSourceRows) {
       EXPECT_EQ(model->lm_head.dtype, DType::Q6_K);
     }
     EXPECT_EQ(model->layers[0].attn_norm.dtype, original->layers[0].attn_norm.dtype);
-    EXPECT_EQ(model->layers[0].router.data, original->layers[0].router.data);
+    EXPECT_EQ(model->layers[0].router.dtype, original->layers[0].router.dtype);  // routers stay as stored
     fs::remove_all(dir);
   }
 }

@@ -131,8 +131,8 @@ struct CpuEngineOptions {
   KvCapacity kv{};
   int threads = 0;                 // <= 0: one per hardware thread
   bool require_tokenizer = false;  // fail when <model_dir>/tokenizer.json is missing
-  std::string quant{};    // --quant mix to quantize the weights with at load; "": as stored
-  std::string imatrix{};  // importance matrix for that quantization; "": none
+  std::string quant;    // --quant mix to quantize the weights with at load; "": as stored
+  std::string imatrix;  // importance matrix for that quantization; "": none
 };
 // Loads a model folder (and its tokenizer.json when present) and starts an engine on the CPU
 // backend.

@@ -65,8 +65,8 @@ ImportanceMatrix load_importance_matrix(const std::string& path, const Model& mo
 
 // What --quant / --imatrix ask for, as every command takes them.
 struct QuantRequest {
-  std::string quant{};    // a --quant spec; empty: the weights as stored
-  std::string imatrix{};  // a legacy imatrix.dat for the quantizers; empty: none
+  std::string quant;    // a --quant spec; empty: the weights as stored
+  std::string imatrix;  // a legacy imatrix.dat for the quantizers; empty: none
   int n_threads = 0;
 };
 // Quantizes a loaded model as asked (nothing when quant is empty). Every command that opens a

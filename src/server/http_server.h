@@ -15,8 +15,8 @@ namespace spill::server {
 
 struct ServerOptions {
   std::string model_dir;            // Hugging Face model folder
-  std::string quant{};              // --quant mix applied at load; "": weights as stored
-  std::string imatrix{};            // importance matrix for --quant; "": none
+  std::string quant;                // --quant mix applied at load; "": weights as stored
+  std::string imatrix;              // importance matrix for --quant; "": none
   std::string served_model_name;    // "" -> the folder's basename
   std::string host = "127.0.0.1";   // loopback unless asked otherwise
   int port = 8080;                  // 0: any free port (printed on the listening line)
