@@ -71,12 +71,7 @@ void print_quant_plan(const Model& model, const std::string& spec) {
   }
   auto layers_str = [](const std::set<int>& ls) {
     if (ls.count(-1)) return std::string("model level");
-    std::string s = "layers ";
-    for (int l : ls) {
-      if (s.size() > 7) s += ',';
-      s += std::to_string(l);
-    }
-    return s;
+    return fmt::format("layers {}", fmt::join(ls, ","));
   };
   fmt::print("\nquantization   --quant {} -> {} (llama.cpp-style mix; docs/QUANT.md)\n", spec, mix.str());
   fmt::print("weights        {} -> {} ({:.3f} bits per quantizable weight)\n", human_bytes(before), human_bytes(after),

@@ -82,7 +82,7 @@ void run_profile(const ProfileArgs& a) {
                             recorder.end_step(kinds);
                           },
                       .observer = &recorder};
-  auto engine = open_cpu_engine({.model_dir = dir, .threads = a.threads}, config);
+  auto engine = open_cpu_engine({.model_dir = dir, .threads = a.threads, .quant = "", .imatrix = ""}, config);
   std::vector<GenerationRequest> requests = read_prompts(a.prompts, engine->tokenizer(), a.max_tokens);
   std::vector<RequestStream> streams;
   for (GenerationRequest& r : requests) streams.push_back(engine->submit(std::move(r)));

@@ -3,6 +3,8 @@
 // its src/llama-quant.cpp, read 2026-12-01), except where docs/QUANT.md says otherwise.
 #include "quant/quant_mix.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -147,7 +149,7 @@ std::string QuantMix::str() const {
   std::string s = preset == Preset::None ? "" : std::string(preset_name(preset));
   for (int c = 0; c < kNumTensorClasses; ++c)
     if (class_type[c])
-      s += (s.empty() ? "" : ",") + std::string(kClassNames[c]) + "=" + lower(dtype_name(*class_type[c]));
+      s += fmt::format("{}{}={}", s.empty() ? "" : ",", kClassNames[c], lower(dtype_name(*class_type[c])));
   return s.empty() ? "none" : s;
 }
 
