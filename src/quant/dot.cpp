@@ -85,7 +85,13 @@ bool cpu_supports(KernelPath p) {
     case KernelPath::Scalar: return true;
 #if defined(__x86_64__) || defined(_M_X64)
     case KernelPath::Avx2:
+#if defined(__clang__)
+      // clang's __builtin_cpu_supports does not know "f16c"; every AVX2 CPU (Intel Haswell, AMD
+      // Excavator and later) has it.
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
     case KernelPath::Avx512:
       return cpu_supports(KernelPath::Avx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");

@@ -9,8 +9,12 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace {
 
@@ -58,6 +62,10 @@ void dot_tokens_avx2(DType t, const void* row, const float* x, int64_t x_stride,
 
 }  // namespace spill::quant::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif

@@ -10,12 +10,17 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#if defined(__clang__)
+// clang has no target pragma; the same target attribute on every function in the region.
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 // GCC 12's own _mm512_cvtepi8_epi32 / _mm512_cvtepi32_ps pass _mm512_undefined_*() as the
 // pass-through operand and then warn about it; nothing here reads an uninitialised value.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace {
 
@@ -55,7 +60,11 @@ void dot_tokens_avx512(DType t, const void* row, const float* x, int64_t x_strid
 
 }  // namespace spill::quant::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif
 
 #endif

@@ -215,11 +215,11 @@ inline void unpack_q3_k(const BlockQ3_K& b, Unpacked& u) {
   std::memcpy(&a, b.scales, 4);
   std::memcpy(&bw, b.scales + 4, 4);
   std::memcpy(&c, b.scales + 8, 4);
-  const uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u, off = 0x20202020u;
+  const uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
   // Subtracting 32 from every byte (each byte is 0..63, so no borrow crosses bytes as signed).
   const uint32_t s0 = ((a & lo4) | ((c & lo2) << 4)), s1 = ((bw & lo4) | (((c >> 2) & lo2) << 4));
   const uint32_t s2 = (((a >> 4) & lo4) | (((c >> 4) & lo2) << 4)), s3 = (((bw >> 4) & lo4) | (((c >> 6) & lo2) << 4));
-  auto minus32 = [off](uint32_t v) { return uint32_t((v | 0x80808080u) - off) ^ 0x80808080u; };
+  auto minus32 = [](uint32_t v) { return uint32_t((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u; };
   const float d = half(b.d);
   scaled_i8x8(join32(minus32(s0), minus32(s1)), d, u.d);
   scaled_i8x8(join32(minus32(s2), minus32(s3)), d, u.d + 8);

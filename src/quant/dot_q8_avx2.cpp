@@ -6,8 +6,12 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace spill::quant::detail {
 namespace {
@@ -112,6 +116,10 @@ const Q8Kernels kQ8Avx2 = {q8_0, q4_k, q5_k, q6_k};
 
 }  // namespace spill::quant::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif
