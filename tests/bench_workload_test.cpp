@@ -41,7 +41,6 @@ TEST(BenchWorkload, SessionPlansAreSeededAndInRange) {
   auto a = plan_session(s, 11), b = plan_session(s, 11), c = plan_session(s, 12);
   ASSERT_EQ(a.size(), size_t(s.turns));
   bool differs = false;
-  int long_replies = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].user_tokens, b[i].user_tokens);
     EXPECT_EQ(a[i].max_tokens, b[i].max_tokens);
@@ -49,7 +48,6 @@ TEST(BenchWorkload, SessionPlansAreSeededAndInRange) {
     EXPECT_GE(a[i].user_tokens, s.user_min_tokens);
     EXPECT_LE(a[i].user_tokens, s.user_max_tokens);
     EXPECT_TRUE(a[i].max_tokens == s.short_output || a[i].max_tokens == s.long_output);
-    long_replies += a[i].max_tokens == s.long_output;
     differs |= a[i].user_tokens != c[i].user_tokens;
   }
   EXPECT_TRUE(differs);

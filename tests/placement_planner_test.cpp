@@ -16,7 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 const fs::path kShapes = fs::path(SPILL_TEST_DATA) / "shapes";
-constexpr int64_t GiB = int64_t(1) << 30, MiB = int64_t(1) << 20;
+constexpr int64_t GiB = int64_t(1) << 30;
 
 // A small MoE whose rows are whole k-quant blocks: 6 layers x 16 experts top-2, hidden 256.
 ModelShape small_shape(int64_t layers = 6, int64_t experts = 16) {
