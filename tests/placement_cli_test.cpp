@@ -76,7 +76,11 @@ TEST(PlacementCli, PlanFlagErrorsAreClear) {
 TEST(PlacementCli, TopoAnswersWithoutAGpu) {
   if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
   const fs::path out = temp("spill_topo_");
-  auto [status, text] = run(spill_bin() + " topo --seconds 0.2 --json " + out.string());
+  // hwloc's discovery plugins (dlopen'ed, then unloaded by hwloc_topology_destroy) leak ~1 KB that
+  // LeakSanitizer reports at exit as an unknown module, failing the exit status in sanitizer builds;
+  // spill's own code is covered by every other test there.
+  auto [status, text] =
+      run("ASAN_OPTIONS=detect_leaks=0 " + spill_bin() + " topo --seconds 0.2 --json " + out.string());
   ASSERT_EQ(status, 0) << text;
   EXPECT_NE(text.find("NUMA nodes:"), std::string::npos) << text;
   std::ifstream in(out);
