@@ -30,7 +30,9 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   exit 2
 fi
 if [ "${SPILL_TEST_SKIP_INSTALL:-0}" != 1 ] || [ ! -d node_modules ]; then
-  npm ci --no-audit --no-fund --loglevel=error
+  # `npm install` honours the lock file (versions pinned) where `npm ci` refuses it: npm 11 wants
+  # every platform's optional binary in the lock, and the registry here does not serve them.
+  npm install --no-audit --no-fund --loglevel=error
 fi
 if [ ${#FILES[@]} -eq 0 ]; then
   if [ "${SPILL_AGENT_TESTS:-}" = all ]; then
