@@ -7,6 +7,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "core/error.h"
 #include "engine/scheduler.h"
@@ -104,6 +105,44 @@ class Sim {
         }
       }
     EXPECT_EQ(tokens, b.n_tokens());
+    check_slots();
+  }
+
+  // Slots: unique among running sequences, in [0, max_running), unchanged while a sequence keeps
+  // running; and a runner that keeps one block table per slot, resets it on first_in_slot and
+  // appends new_blocks, holds exactly each chunk's block table.
+  void check_slots() {
+    const int32_t max_running = sched.params().max_running;
+    std::set<int32_t> taken;
+    for (const Sequence* s : sched.running()) {
+      EXPECT_GE(s->slot, 0) << "sequence " << s->id;
+      EXPECT_LT(s->slot, max_running) << "sequence " << s->id;
+      EXPECT_TRUE(taken.insert(s->slot).second) << "slot " << s->slot << " is held by two running sequences";
+      auto was = slot_at_last_plan.find(s);
+      if (was != slot_at_last_plan.end()) {
+        EXPECT_EQ(s->slot, was->second) << "sequence " << s->id << " changed slot while running";
+      }
+    }
+    for (size_t i = 0; i < plan.batch.seqs.size(); ++i) {
+      const SeqChunk& c = plan.batch.seqs[i];
+      const Sequence* seq = plan.chunk_seqs[i];
+      EXPECT_EQ(c.slot, seq->slot);
+      const bool kept_running = slot_at_last_plan.count(seq) > 0;
+      EXPECT_EQ(c.first_in_slot, !kept_running) << "sequence " << seq->id;
+      std::vector<int32_t>& table = device_tables[c.slot];
+      if (c.first_in_slot) {
+        table.clear();
+        device_owner[c.slot] = seq;
+      } else {
+        EXPECT_EQ(device_owner[c.slot], seq) << "slot " << c.slot << " changed hands without first_in_slot";
+      }
+      table.insert(table.end(), c.new_blocks.begin(), c.new_blocks.end());
+      EXPECT_EQ(table, std::vector<int32_t>(c.block_table.begin(), c.block_table.end()))
+          << "sequence " << seq->id << ": the appended new_blocks are not its block table";
+      if (c.first_in_slot) ++first_in_slot_chunks;
+    }
+    slot_at_last_plan.clear();
+    for (const Sequence* s : sched.running()) slot_at_last_plan[s] = s->slot;
   }
 
   BlockManager blocks;
@@ -112,6 +151,11 @@ class Sim {
   std::vector<std::unique_ptr<SimSeq>> seqs;
   std::vector<StepTrace> traces;
   uint64_t next_id = 1;
+  // What check_slots remembers between plans, as a device runner would.
+  std::map<const Sequence*, int32_t> slot_at_last_plan;
+  std::map<int32_t, std::vector<int32_t>> device_tables;
+  std::map<int32_t, const Sequence*> device_owner;
+  int64_t first_in_slot_chunks = 0;
 };
 
 std::vector<int32_t> tokens_from(int64_t n, int32_t first) {
@@ -368,6 +412,43 @@ TEST(Scheduler, DegenerateSizesStillWork) {
   const auto roomy = run({.n_blocks = 64, .block_size = 4}, {});
   EXPECT_EQ(run({.n_blocks = 9, .block_size = 1}, {.max_running = 3, .max_batch_tokens = 1}), roomy);
   EXPECT_EQ(run({.n_blocks = 2, .block_size = 8}, {.max_running = 1, .max_batch_tokens = 2}), roomy);
+}
+
+// check_slots (run on every plan of every test here) asserts uniqueness, range, stability and
+// that new_blocks rebuild each table; this test makes sure it sees slots reused, sequences
+// preempted and re-admitted, and tables growing across block boundaries.
+TEST(Scheduler, SlotsStayPutWhileRunningAndNewBlocksAreExactlyEachStepsAdditions) {
+  Sim sim({.n_blocks = 12, .block_size = 2}, {.max_running = 3, .max_batch_tokens = 7});
+  std::vector<SimSeq*> s;
+  for (int i = 0; i < 7; ++i) s.push_back(sim.add(tokens_from(3 + i, 20 * i), 6));
+  std::map<uint64_t, std::vector<int32_t>> slots_of;  // seq id -> its slot at each of its chunks
+  sim.run_to_completion();
+  for (SimSeq* q : s) EXPECT_TRUE(q->done);
+  int64_t admissions = 0, preemptions = 0;
+  for (const StepTrace& t : sim.traces) {
+    admissions += int64_t(t.admitted.size());
+    preemptions += int64_t(t.preempted.size());
+    for (const StepTraceChunk& c : t.chunks) {
+      EXPECT_GE(c.slot, 0);
+      EXPECT_LT(c.slot, 3);
+      slots_of[c.seq_id].push_back(c.slot);
+    }
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to be too small";
+  // One fresh slot per admission, re-admissions after a preemption included.
+  EXPECT_EQ(sim.first_in_slot_chunks, admissions);
+  EXPECT_EQ(admissions, 7 + preemptions);
+  // A sequence never preempted keeps one slot for its whole life.
+  for (SimSeq* q : s) {
+    if (q->preemptions > 0) continue;
+    const std::vector<int32_t>& seen = slots_of[q->id];
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(std::set<int32_t>(seen.begin(), seen.end()).size(), 1u) << "sequence " << q->id;
+  }
+  // Seven sequences through three slots: slots were handed on.
+  std::set<int32_t> used;
+  for (const auto& [id, seen] : slots_of) used.insert(seen.begin(), seen.end());
+  EXPECT_EQ(used, (std::set<int32_t>{0, 1, 2}));
 }
 
 TEST(Scheduler, ManyRandomSequencesUnderPressureAllFinishWithoutLeaks) {

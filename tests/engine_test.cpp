@@ -2,6 +2,7 @@
 // greedy output is compared with a plain greedy loop over a fresh runner, which shares no code
 // with the engine's scheduling, paging or caching.
 #include "engine/engine.h"
+#include "engine/open_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -519,8 +520,9 @@ class EngineTextTest : public ::testing::Test {
     dir_ = nullptr;
   }
   static std::unique_ptr<Engine> open(const EngineConfig& config = {}) {
-    return open_cpu_engine(
-        {.model_dir = dir_->path(), .kv = {.blocks = 64}, .threads = kThreads, .quant = "", .imatrix = ""}, config);
+    return open_engine(dir_->path(),
+                       EngineOptions{.runner = {.device = {Device::Cpu}, .threads = kThreads, .kv = {.blocks = 64}}},
+                       config);
   }
   static TempDir* dir_;
 };

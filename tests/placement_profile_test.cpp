@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/open_engine.h"
 #include "model/model.h"
 #include "model/runner.h"
 #include "placement/profile.h"
@@ -113,7 +114,7 @@ TEST(PlacementProfile, SpillTinyCountsEqualRoutedTokensTimesTopK) {
                             rec.end_step(kinds);
                           },
                       .observer = &rec};
-  auto engine = open_cpu_engine({.model_dir = dir, .threads = 2}, config);
+  auto engine = open_engine(dir, EngineOptions{.runner = {.device = {Device::Cpu}, .threads = 2}}, config);
   const std::vector<std::string> texts = {"def parse_config(path):\n    with open(path) as f:\n",
                                           "import os\nimport sys\n\nclass Cache:\n    \"\"\"An LRU cache.\"\"\"\n",
                                           "x = 1"};

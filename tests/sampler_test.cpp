@@ -1,4 +1,4 @@
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 
 #include <gtest/gtest.h>
 
@@ -221,6 +221,45 @@ TEST(Sampler, LogprobsAreRawLogSoftmaxWithTopAlternatives) {
   EXPECT_TRUE(std::isinf(all.top[4].logprob));
   // Without logprobs nothing is reported.
   EXPECT_TRUE(pick({.temperature = 0.0f}, logits).top.empty());
+}
+
+// A device sampler picks the token and the host sampler records it with accept(): every later
+// pick (draw counter and penalty history) must be what it would have been had the host picked it.
+TEST(Sampler, AcceptingAPickMadeElsewhereLeavesTheSamplerAsIfItHadPicked) {
+  std::vector<float> logits(500);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(std::cos(double(i) * 0.21) * 1.5);
+  const SamplingParams p{.temperature = 0.9f,
+                         .top_k = 40,
+                         .top_p = 0.9f,
+                         .repetition_penalty = 1.3f,
+                         .presence_penalty = 0.4f,
+                         .frequency_penalty = 0.2f,
+                         .seed = 77};
+  const std::vector<int32_t> prompt = {5, 9, 9, 400};
+  SequenceSampler host(p, prompt, 0), device_twin(p, prompt, 0);
+  SamplerWorkspace ws;
+  for (int i = 0; i < 48; ++i) {
+    const int32_t picked = host.sample(logits, ws).token;
+    if (i % 3 == 0) {
+      device_twin.accept(picked);  // picked on "the device"
+    } else {
+      ASSERT_EQ(device_twin.sample(logits, ws).token, picked) << "pick " << i;
+    }
+    ASSERT_EQ(device_twin.n_sampled(), host.n_sampled());
+  }
+  EXPECT_EQ(host.n_sampled(), 48u);
+  // The state a device sampler would upload is the same too.
+  EXPECT_EQ(std::vector<int32_t>(device_twin.prompt_tokens().begin(), device_twin.prompt_tokens().end()),
+            (std::vector<int32_t>{5, 9, 400}));
+  ASSERT_EQ(device_twin.output_tokens().size(), host.output_tokens().size());
+  int64_t total = 0;
+  for (int32_t t : host.output_tokens()) {
+    EXPECT_EQ(device_twin.output_count(t), host.output_count(t)) << "token " << t;
+    total += host.output_count(t);
+  }
+  EXPECT_EQ(total, 48);
+  EXPECT_EQ(host.output_count(-1), 0);
+  EXPECT_THROW(device_twin.accept(-1), Error);
 }
 
 TEST(Sampler, ValidateNamesTheField) {

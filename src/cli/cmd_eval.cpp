@@ -25,6 +25,7 @@ struct EvalArgs {
   std::string reference, reference_quant, text, json_out;
   EvalOptions eval;
   int threads = 0;
+  DeviceChoice device{};
 };
 
 std::string read_text(const std::string& path) {
@@ -38,6 +39,7 @@ std::string read_text(const std::string& path) {
 void run_eval(EvalArgs a) {
   const std::string dir = a.model.dir();
   const std::string text = read_text(a.text);
+  (void)resolve_device(a.device);  // an impossible --device fails before the model is loaded
   ModelBundle bundle = open_model_bundle(dir, /*require_tokenizer=*/true);
   const Tokenizer& tokenizer = *bundle.tokenizer;
   // As llama-perplexity: the whole text tokenized once, with the tokenizer's special tokens, and
@@ -48,11 +50,16 @@ void run_eval(EvalArgs a) {
   if (eval_window_starts(int64_t(tokens.size()), a.eval).empty())
     fail("--text {}: {} tokens, fewer than one window of --ctx {}", a.text, tokens.size(), a.eval.ctx);
 
+  // One window per step, in a pool of exactly its blocks.
   const int32_t block_size = 16;
-  const KvCacheConfig kv{.block_size = block_size, .n_blocks = (a.eval.ctx + block_size - 1) / block_size};
+  const RunnerOptions runner_options{
+      .device = a.device,
+      .threads = a.threads,
+      .kv = {.block_size = block_size, .blocks = (a.eval.ctx + block_size - 1) / block_size},
+      .limits = {.max_seqs = 1, .max_batch_tokens = a.eval.ctx, .max_model_len = a.eval.ctx}};
   std::unique_ptr<Model> model = std::move(bundle.model);
   quantize_as_flagged(*model, a.model, a.threads);
-  auto runner = make_cpu_runner(*model, kv, a.threads);
+  auto runner = open_runner(*model, runner_options);
   std::unique_ptr<Model> ref_model;
   std::unique_ptr<ModelRunner> ref_runner;
   if (!a.reference.empty()) {
@@ -60,7 +67,7 @@ void run_eval(EvalArgs a) {
     rf.model = a.reference;
     rf.quant = a.reference_quant;
     ref_model = open_model(rf, a.threads);
-    ref_runner = make_cpu_runner(*ref_model, kv, a.threads);
+    ref_runner = open_runner(*ref_model, runner_options);
   } else if (!a.reference_quant.empty()) {
     fail("--reference-quant was given without --reference");
   }
@@ -117,6 +124,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--ctx", a->eval.ctx, "tokens per window")->capture_default_str();
   cmd->add_option("--stride", a->eval.stride, "a window every N tokens (default: --ctx, back to back)");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
+  add_device_option(cmd, a->device);
   cmd->add_option("--json", a->json_out, "also write the figures to this JSON file");
   cmd->callback([a] { run_eval(*a); });
 }

@@ -1,4 +1,4 @@
-// spill generate: complete a prompt on the CPU backend and stream the text to stdout.
+// spill generate: complete a prompt and stream the text to stdout.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "engine/generation_config.h"
 #include "engine/model_bundle.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "model/model.h"
 #include "model/runner.h"
 #include "text/tokenizer.h"
@@ -30,6 +30,7 @@ struct GenerateArgs {
   bool print_ids = false;  // print generated ids instead of text
   int max_tokens = 128;
   int threads = 0;
+  DeviceChoice device{};
   bool ignore_eos = false;
   bool quiet = false;
   SamplingParams sampling;  // the model's defaults with the flags given on top
@@ -54,6 +55,7 @@ struct SamplingFlags {
 void run_generate(GenerateArgs a, const SamplingFlags& flags) {
   using clock = std::chrono::steady_clock;
   const std::string dir = a.model.dir();
+  (void)resolve_device(a.device);  // an impossible --device fails before the model is loaded
   if (a.max_tokens < 0) fail("-n must be >= 0, got {}", a.max_tokens);
   if (a.prompt.empty() == a.prompt_ids.empty()) fail("give the prompt once: --prompt TEXT or --prompt-ids 1,2,3");
   // Ids in and out need no tokenizer: the way other engines' tools are driven for comparisons.
@@ -82,21 +84,33 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
     fail("prompt ({} tokens) + -n {} exceeds the model's context of {} tokens", prompt.size(), a.max_tokens,
          spec.max_position_embeddings);
 
+  // One sequence: a pool of exactly the blocks it needs, a step of at most the prompt.
   const int32_t block_size = 16;
-  KvCacheConfig kv{.block_size = block_size, .n_blocks = (total + block_size - 1) / block_size};
-  auto runner = make_cpu_runner(*model, kv, a.threads);
-  std::vector<int32_t> table(static_cast<size_t>(kv.n_blocks));
+  const int64_t n_blocks = (total + block_size - 1) / block_size;
+  auto runner = open_runner(*model, {.device = a.device,
+                                     .threads = a.threads,
+                                     .kv = {.block_size = block_size, .blocks = n_blocks},
+                                     .limits = {.max_seqs = 1,
+                                                .max_batch_tokens = int64_t(prompt.size()),
+                                                .max_model_len = total}});
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
   std::iota(table.begin(), table.end(), 0);
 
   SequenceSampler sampler(a.sampling, prompt, uint64_t(clock::now().time_since_epoch().count()));
-  SamplerWorkspace workspace;
+  SequenceSampler* const samplers[] = {&sampler};
+  StepResult step;
   std::optional<StreamDecoder> stream;
   if (tokenizer && !a.print_ids) stream.emplace(*tokenizer);
   ForwardBatch batch;
   batch.tokens = prompt;
-  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(prompt.size()), .start_pos = 0, .block_table = table,
-                        .want_logits = true});
-  std::vector<float> logits;
+  batch.seqs.push_back({.first_token = 0,
+                        .n_tokens = int32_t(prompt.size()),
+                        .start_pos = 0,
+                        .block_table = table,
+                        .want_logits = true,
+                        .slot = 0,
+                        .new_blocks = table,
+                        .first_in_slot = true});
 
   const auto t0 = clock::now();
   auto t_first = t0;
@@ -104,9 +118,10 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
   int32_t pos = int32_t(prompt.size());
   if (stream) std::fputs(a.prompt_ids.empty() ? a.prompt.c_str() : tokenizer->decode(prompt).c_str(), stdout);
   for (; generated < a.max_tokens; ++generated) {
-    runner->forward(batch, logits);
+    runner->forward_sample(batch, samplers, step);
     if (generated == 0) t_first = clock::now();
-    const int32_t next = sampler.sample(logits, workspace).token;
+    if (!step.rows[0].ok()) fail("generate: {}", step.rows[0].error);
+    const int32_t next = step.rows[0].sampled.token;
     const bool eos = std::find(spec.eos_token_ids.begin(), spec.eos_token_ids.end(), next) != spec.eos_token_ids.end();
     if (eos && !a.ignore_eos) break;
     if (stream)
@@ -117,6 +132,8 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
     batch.tokens = {next};
     batch.seqs[0].n_tokens = 1;
     batch.seqs[0].start_pos = pos++;
+    batch.seqs[0].new_blocks = {};  // the whole table was given with the prompt
+    batch.seqs[0].first_in_slot = false;
   }
   if (stream) std::fputs(stream->finish().c_str(), stdout);
   std::fputs("\n", stdout);
@@ -133,7 +150,7 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Complete a prompt and stream the text to stdout (CPU backend)");
+  auto* cmd = app.add_subcommand("generate", "Complete a prompt and stream the text to stdout");
   auto a = std::make_shared<GenerateArgs>();
   add_model_flags(cmd, a->model);
   cmd->add_option("--prompt,-p", a->prompt, "prompt text");
@@ -162,6 +179,7 @@ void add_generate_command(CLI::App& app) {
   flag(cmd->add_option("--seed", v.seed, "random seed: the same seed gives the same text"),
        [](SamplingParams& to, const SamplingParams& from) { to.seed = from.seed; });
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
+  add_device_option(cmd, a->device);
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--quiet,-q", a->quiet, "no timing line on stderr");
   cmd->callback([a, flags] { run_generate(*a, *flags); });

@@ -19,24 +19,37 @@ void add_logits_command(CLI::App& app) {
     ModelFlags model;
     std::string ids, out;
     int threads = 0;
+    DeviceChoice device{};
   };
   auto a = std::make_shared<Args>();
   add_model_flags(cmd, a->model);
   cmd->add_option("--ids", a->ids, "comma-separated token ids, e.g. 1,2,3")->required();
   cmd->add_option("--out", a->out, "output .npy file")->required();
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
+  add_device_option(cmd, a->device);
   cmd->callback([a] {
     const std::vector<int32_t> ids = parse_token_ids(a->ids, "--ids");
+    (void)resolve_device(a->device);  // an impossible --device fails before the model is loaded
     auto model = open_model(a->model, a->threads);
+    // One step of the whole sequence, in a pool of exactly its blocks.
     const int32_t block_size = 16;
-    KvCacheConfig kv{.block_size = block_size, .n_blocks = (int64_t(ids.size()) + block_size - 1) / block_size};
-    auto runner = make_cpu_runner(*model, kv, a->threads);
-    std::vector<int32_t> table(static_cast<size_t>(kv.n_blocks));
+    const int64_t n = int64_t(ids.size()), n_blocks = (n + block_size - 1) / block_size;
+    auto runner = open_runner(*model, {.device = a->device,
+                                       .threads = a->threads,
+                                       .kv = {.block_size = block_size, .blocks = n_blocks},
+                                       .limits = {.max_seqs = 1, .max_batch_tokens = n, .max_model_len = n}});
+    std::vector<int32_t> table(static_cast<size_t>(n_blocks));
     std::iota(table.begin(), table.end(), 0);
     ForwardBatch batch;
     batch.tokens = ids;
-    batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .block_table = table,
-                          .want_logits = true});
+    batch.seqs.push_back({.first_token = 0,
+                          .n_tokens = int32_t(ids.size()),
+                          .start_pos = 0,
+                          .block_table = table,
+                          .want_logits = true,
+                          .slot = 0,
+                          .new_blocks = table,
+                          .first_in_slot = true});
     batch.all_logits = true;
     std::vector<float> logits;
     runner->forward(batch, logits);

@@ -10,9 +10,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "core/json_limits.h"
 #include "engine/engine.h"
+#include "engine/open_engine.h"
 #include "placement/profile.h"
 
 namespace spill::cli {
@@ -25,6 +27,7 @@ struct ProfileArgs {
   int32_t max_seqs = 16;
   int64_t max_batch_tokens = 2048;
   int threads = 0;
+  DeviceChoice device{};
 };
 
 std::vector<GenerationRequest> read_prompts(const std::string& path, const Tokenizer* tokenizer, int64_t max_tokens) {
@@ -82,7 +85,7 @@ void run_profile(const ProfileArgs& a) {
                             recorder.end_step(kinds);
                           },
                       .observer = &recorder};
-  auto engine = open_cpu_engine({.model_dir = dir, .threads = a.threads, .quant = "", .imatrix = ""}, config);
+  auto engine = open_engine(dir, EngineOptions{.runner = {.device = a.device, .threads = a.threads}}, config);
   std::vector<GenerationRequest> requests = read_prompts(a.prompts, engine->tokenizer(), a.max_tokens);
   std::vector<RequestStream> streams;
   for (GenerationRequest& r : requests) streams.push_back(engine->submit(std::move(r)));
@@ -127,6 +130,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--max-seqs", a->max_seqs, "sequences decoding at once")->capture_default_str();
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "tokens per step")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
+  add_device_option(cmd, a->device);
   cmd->callback([a] { run_profile(*a); });
 }
 

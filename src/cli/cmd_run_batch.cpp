@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "core/json_limits.h"
 #include "engine/engine.h"
 #include "engine/generation_config.h"
+#include "engine/open_engine.h"
 
 namespace spill::cli {
 
@@ -32,6 +34,7 @@ struct RunBatchArgs {
   int64_t max_batch_tokens = 2048;
   int64_t max_model_len = 0;
   int threads = 0;
+  DeviceChoice device{};
   int64_t max_tokens = 128;
   std::optional<float> temperature;  // --temperature; none: the model's generation_config.json
   SamplingParams defaults;           // the model's sampling defaults, with --temperature on top
@@ -166,10 +169,10 @@ void run_batch(RunBatchArgs a) {
   if (a.kv_blocks > 0 && a.kv_mem > 0) fail("give the KV cache size once: --kv-blocks or --kv-mem, not both");
   a.defaults = load_sampling_defaults(dir);
   if (a.temperature) a.defaults.temperature = *a.temperature;
-  CpuEngineOptions options{
-      .model_dir = dir,
-      .kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem},
-      .threads = a.threads,
+  const EngineOptions options{
+      .runner = {.device = a.device,
+                 .threads = a.threads,
+                 .kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem}},
       .quant = a.quant,
       .imatrix = a.imatrix};
 
@@ -191,7 +194,7 @@ void run_batch(RunBatchArgs a) {
                       .max_waiting = int64_t(lines.size()) + 1,
                       .max_model_len = a.max_model_len,
                       .prefix_caching = !a.no_prefix_caching};
-  std::unique_ptr<Engine> engine = open_cpu_engine(options, config);
+  std::unique_ptr<Engine> engine = open_engine(dir, options, config);
 
   // Parse everything before submitting anything: a typo on line 900 should not cost a run.
   std::vector<BatchItem> items;
@@ -282,7 +285,7 @@ void run_batch(RunBatchArgs a) {
 
 void add_run_batch_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("run-batch",
-                                 "Run many prompts through the engine at once (continuous batching, CPU backend); "
+                                 "Run many prompts through the engine at once (continuous batching); "
                                  "results and timings as JSON lines");
   auto a = std::make_shared<RunBatchArgs>();
   cmd->add_option("--model", a->model, "Hugging Face model folder or GGUF file (default: the bundled spill-tiny)");
@@ -307,6 +310,7 @@ void add_run_batch_command(CLI::App& app) {
                   "temperature for lines that do not say (0 = greedy; default: the model's generation_config.json)");
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "do not share KV blocks between requests");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
+  add_device_option(cmd, a->device);
   cmd->callback([a] { run_batch(*a); });
 }
 

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/open_engine.h"
 #include "server/http_server.h"
 
 namespace spill::cli {
@@ -28,6 +29,10 @@ void add_serve_command(CLI::App& app) {
                   "longest prompt + output in tokens (default: the model's context, capped by the KV cache)");
   add_size_option(cmd, "--kv-mem", o.kv_mem_bytes, "KV cache size (default: 4 full contexts, at most 2 GiB)");
   cmd->add_option("--threads", o.threads, "CPU threads for the model (default: all)");
+  cmd->add_option("--device", o.device,
+                  "where the model runs: cpu, cuda (cuda:N for the N-th GPU) or auto (cuda when this build has a CUDA "
+                  "runner and a usable GPU is present, else cpu)")
+      ->capture_default_str();
   cmd->add_option("--max-body-bytes", o.max_body_bytes, "largest request body accepted; larger ones get 413")
       ->capture_default_str();
   cmd->add_option("--ping-interval", o.ping_interval_s,
@@ -53,6 +58,7 @@ void add_serve_command(CLI::App& app) {
     if (options.model_dir.empty()) options.model_dir = default_model_dir();
     if (options.max_seqs < 0) fail("--max-seqs must be positive, got {}", options.max_seqs);
     if (options.max_model_len < 0) fail("--max-model-len must be positive, got {}", options.max_model_len);
+    (void)resolve_device(parse_device(options.device));  // an impossible --device fails before anything starts
     const int code = server::serve(options);
     // CLI11 turns a RuntimeError into this exit code without printing anything more: serve()
     // has already said what went wrong.

@@ -37,6 +37,15 @@ std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag) 
   return ids;
 }
 
+CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device) {
+  return cmd
+      ->add_option_function<std::string>(
+          "--device", [&device](const std::string& value) { device = parse_device(value); },
+          "where the model runs: cpu, cuda (cuda:N for the N-th GPU) or auto (default: cuda when this build has a "
+          "CUDA runner and a usable GPU is present, else cpu)")
+      ->type_name("DEVICE");
+}
+
 std::string ModelFlags::dir() const { return model.empty() ? default_model_dir() : model; }
 
 void add_model_flags(CLI::App* cmd, ModelFlags& flags) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/open_engine.h"
 #include "model/quantize_on_load.h"
 
 namespace spill::cli {
@@ -34,6 +35,10 @@ std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool qui
 // A synthetic model of --synthetic's shape, each tensor in the type --quant gives it (planned by
 // the same quantization plan a real checkpoint gets), routing skewed as --routing-skew says.
 std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads, bool quiet, bool fill);
+
+// --device cpu|cuda|cuda:N|auto into device (which must outlive cmd); a bad value is a
+// spill::Error at parse time. Every command that runs a model has it (engine/open_engine.h).
+CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device);
 
 // "1,2,3" -> ids; a clear error naming `flag` for anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag);

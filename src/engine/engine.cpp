@@ -1,17 +1,14 @@
 #include "engine/engine.h"
 
-#include "engine/model_bundle.h"
-
 #include <algorithm>
-#include <filesystem>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 
 #include "engine/block_manager.h"
 #include "engine/stop_strings.h"
 #include "model/model.h"
-#include "model/quantize_on_load.h"
 #include "model/runner.h"
 
 namespace spill {
@@ -100,7 +97,7 @@ struct Engine::Impl {
   void run();
   bool drain_inbox();
   void step();
-  void handle_token(ActiveRequest& req, std::span<const float> logits_row);
+  void handle_token(ActiveRequest& req, SampledRow& row);
   void emit(ActiveRequest& req, RequestOutput&& out);
   void finish(ActiveRequest& req, RequestOutput&& out, FinishCause cause);
   void flush_text(ActiveRequest& req, RequestOutput& out);
@@ -120,8 +117,8 @@ struct Engine::Impl {
   Scheduler scheduler;
   std::unordered_map<uint64_t, std::unique_ptr<ActiveRequest>> live;
   StepPlan plan;
-  std::vector<float> logits;
-  SamplerWorkspace workspace;
+  std::vector<SequenceSampler*> samplers;  // logit row r's sampler, rebuilt every step
+  StepResult sampled;
   int64_t generated_tokens = 0, finished_count = 0, cancelled_count = 0, failed_count = 0;
 
   std::shared_ptr<EngineInbox> inbox;
@@ -135,32 +132,24 @@ struct Engine::Impl {
 
 // ---- construction and submission (client threads) -----------------------------------------
 
-int64_t resolve_kv_blocks(const ModelSpec& spec, const KvCapacity& capacity, int64_t bytes_per_block) {
-  if (capacity.block_size <= 0) fail("--block-size must be positive, got {}", capacity.block_size);
-  if (capacity.blocks < 0 || capacity.bytes < 0) fail("--kv-blocks and --kv-mem must be positive");
-  if (capacity.blocks > 0 && capacity.bytes > 0) fail("give the KV cache size once: --kv-blocks or --kv-mem, not both");
-  if (capacity.blocks > 0) return capacity.blocks;
-  if (capacity.bytes > 0) {
-    const int64_t n = capacity.bytes / bytes_per_block;
-    if (n < 1)
-      fail("--kv-mem {} bytes does not hold one KV block ({} bytes for {} tokens of this model); give at least {}",
-           capacity.bytes, bytes_per_block, capacity.block_size, bytes_per_block);
-    return n;
-  }
-  // Default: room for 4 full-context sequences, capped at 2 GiB so a laptop is not swamped.
-  const int64_t context = std::max<int64_t>(spec.max_position_embeddings, capacity.block_size);
-  const int64_t wanted = 4 * ((context + capacity.block_size - 1) / capacity.block_size);
-  const int64_t cap = std::max<int64_t>(1, (int64_t(2) << 30) / bytes_per_block);
-  return std::min(wanted, cap);
-}
-
 Engine::Engine(EngineParts parts, const EngineConfig& config) {
   if (!parts.runner) fail("engine: no model runner given");
   spec_ = parts.runner->spec();
+  runner_description_ = parts.runner->describe();
   tokenizer_ = parts.tokenizer;
   config.scheduler.validate();
   if (config.max_waiting < 1)
     fail("engine: the waiting-queue limit (--max-waiting) must be at least 1, got {}", config.max_waiting);
+  // The runner sized its buffers for its limits; the scheduler must never plan beyond them.
+  const RunnerLimits& limits = parts.runner->limits();
+  if (config.scheduler.max_running > limits.max_seqs)
+    fail("engine: --max-seqs {} is more than the model runner was built for ({}); build it with the same --max-seqs",
+         config.scheduler.max_running, limits.max_seqs);
+  if (config.scheduler.max_batch_tokens > limits.max_batch_tokens)
+    fail(
+        "engine: --max-batch-tokens {} is more than the model runner was built for ({}); build it with the same "
+        "--max-batch-tokens",
+        config.scheduler.max_batch_tokens, limits.max_batch_tokens);
   const KvCacheConfig kv = parts.runner->kv_config();
   const int64_t capacity = kv.n_blocks * int64_t(kv.block_size);
   if (config.max_model_len < 0) fail("engine: --max-model-len must be positive, got {}", config.max_model_len);
@@ -170,11 +159,12 @@ Engine::Engine(EngineParts parts, const EngineConfig& config) {
         "memory (--kv-blocks / --kv-mem) or lower --max-model-len",
         config.max_model_len, (config.max_model_len + kv.block_size - 1) / kv.block_size, kv.block_size, kv.n_blocks,
         capacity);
+  if (config.max_model_len > limits.max_model_len)
+    fail("engine: --max-model-len {} is more than the model runner was built for ({}); build it with the same "
+         "--max-model-len",
+         config.max_model_len, limits.max_model_len);
   // One sequence alone must always fit in the pool, or it could be preempted forever.
-  max_model_len_ =
-      config.max_model_len > 0
-          ? config.max_model_len
-          : std::min(capacity, spec_.max_position_embeddings > 0 ? spec_.max_position_embeddings : capacity);
+  max_model_len_ = config.max_model_len > 0 ? config.max_model_len : std::min(capacity, limits.max_model_len);
   impl_ = std::make_unique<Impl>(std::move(parts), config, max_model_len_);
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
@@ -301,12 +291,15 @@ void Engine::Impl::run() {
       if (scheduler.running().empty() && scheduler.waiting().empty()) continue;
       step();
     }
+  } catch (const DeviceFatalError& e) {
+    // The runner's device is gone: no later step can run, so nobody waits for one.
+    fatal = std::string("engine stopped: the model runner's device failed: ") + e.what();
   } catch (const std::exception& e) {
     // A bug, not a request's fault: every open request learns why, and the engine refuses more.
-    fatal = e.what();
+    fatal = std::string("engine stopped after an internal error: ") + e.what();
   }
   finish_everything(fatal.empty() ? FinishReason::Cancelled : FinishReason::Error,
-                    fatal.empty() ? "engine shut down" : "engine stopped after an internal error: " + fatal);
+                    fatal.empty() ? "engine shut down" : fatal);
 }
 
 // Takes new requests and cancellations; waits for some when there is nothing to run. Returns
@@ -360,8 +353,12 @@ void Engine::Impl::step() {
     }
     return;
   }
+  samplers.clear();
+  for (Sequence* s : plan.logit_seqs) samplers.push_back(&static_cast<ActiveRequest*>(s)->sampler);
   try {
-    runner->forward(plan.batch, logits, config.observer);
+    runner->forward_sample(plan.batch, samplers, sampled, config.observer);
+  } catch (const DeviceFatalError&) {
+    throw;  // ends the engine (run()): every open request, running or waiting, gets the error
   } catch (const std::exception& e) {
     // The step's KV writes are incomplete; those sequences cannot continue. Others are intact:
     // a step only writes the blocks of its own chunks.
@@ -375,25 +372,31 @@ void Engine::Impl::step() {
   scheduler.commit(plan);
   // Before any token reaches a client, so that what a client sees never runs ahead of metrics().
   publish_metrics();
-  const int64_t vocab = spec.vocab_size;
-  for (size_t r = 0; r < plan.logit_seqs.size(); ++r) {
-    auto* req = static_cast<ActiveRequest*>(plan.logit_seqs[r]);
-    handle_token(*req, std::span<const float>(logits.data() + r * size_t(vocab), size_t(vocab)));
-  }
+  if (sampled.rows.size() != plan.logit_seqs.size())
+    throw std::logic_error(fmt::format("the runner returned {} sampled rows for {} sequences", sampled.rows.size(),
+                                       plan.logit_seqs.size()));
+  for (size_t r = 0; r < plan.logit_seqs.size(); ++r)
+    handle_token(*static_cast<ActiveRequest*>(plan.logit_seqs[r]), sampled.rows[r]);
   publish_metrics();
   if (config.on_step) config.on_step(plan.trace);
 }
 
-// Samples one token for req, streams it, and ends the request if a stop condition is met.
-void Engine::Impl::handle_token(ActiveRequest& req, std::span<const float> logits_row) {
-  SampledToken picked;
-  try {
-    picked = req.sampler.sample(logits_row, workspace);
-  } catch (const Error& e) {
-    finish(req, {}, {.reason = FinishReason::Error, .error = e.what()});
+// Takes the token the runner sampled for req, streams it, and ends the request if a stop
+// condition is met. A row with nothing to sample fails this request only.
+void Engine::Impl::handle_token(ActiveRequest& req, SampledRow& row) {
+  if (!row.ok()) {
+    finish(req, {}, {.reason = FinishReason::Error, .error = row.error});
     return;
   }
+  SampledToken& picked = row.sampled;
   const int32_t token = picked.token;
+  if (token < 0 || token >= spec.vocab_size) {
+    finish(req, {},
+           {.reason = FinishReason::Error,
+            .error = fmt::format("the model runner sampled token id {}, outside the vocabulary of {} (internal error)",
+                                 token, spec.vocab_size)});
+    return;
+  }
   req.tokens.push_back(token);
   ++generated_tokens;
   if (!req.first_token) req.first_token = Clock::now();
@@ -523,22 +526,6 @@ void Engine::Impl::publish_metrics() {
   }
   std::lock_guard lock(inbox->mutex);
   inbox->engine_waiting = m.waiting;
-}
-
-// ---- the CPU backend -------------------------------------------------------------------------
-
-std::unique_ptr<Engine> open_cpu_engine(const CpuEngineOptions& options, const EngineConfig& config) {
-  ModelBundle bundle = open_model_bundle(options.model_dir, options.require_tokenizer);
-  std::unique_ptr<Model> model = std::move(bundle.model);
-  quantize_as_asked(*model, {.quant = options.quant, .imatrix = options.imatrix, .n_threads = options.threads});
-  const ModelSpec& spec = model->spec();
-  const int32_t bs = options.kv.block_size;
-  if (bs <= 0) fail("--block-size must be positive, got {}", bs);
-  const int64_t n_blocks = resolve_kv_blocks(spec, options.kv, cpu_kv_bytes_per_block(spec, bs));
-  auto runner = make_cpu_runner(*model, KvCacheConfig{.block_size = bs, .n_blocks = n_blocks}, options.threads);
-  return std::make_unique<Engine>(
-      EngineParts{.model = std::move(model), .runner = std::move(runner), .tokenizer = std::move(bundle.tokenizer)},
-      config);
 }
 
 }  // namespace spill

@@ -38,10 +38,13 @@ class EngineStoppedError : public Error {
 };
 
 struct EngineConfig {
-  SchedulerParams scheduler{};  // max running sequences, token budget per step
+  // Max running sequences and token budget per step; at most the runner's limits() (max_seqs,
+  // max_batch_tokens), which open_engine builds the runner with.
+  SchedulerParams scheduler{};
   int64_t max_waiting = 1024;   // requests queued but not running; submit() fails beyond
-  // Longest sequence (prompt + output) a request may reach. 0: the model's
-  // max_position_embeddings, capped by what the KV pool holds. Larger than the pool: refused.
+  // Longest sequence (prompt + output) a request may reach. 0: the runner's limit (by default the
+  // model's max_position_embeddings, capped by what the KV pool holds). Larger than the pool or
+  // than the runner's limit: refused.
   int64_t max_model_len = 0;
   bool prefix_caching = true;
   std::optional<uint64_t> seed{};  // seeds requests that bring none; none: random per engine
@@ -54,7 +57,7 @@ struct EngineConfig {
 };
 
 // What the engine runs on. It takes ownership; the runner decides the KV pool (block size and
-// number of blocks, from its kv_config()).
+// number of blocks, from its kv_config()) and the limits of a step (its limits()).
 struct EngineParts {
   std::unique_ptr<const Model> model;  // the weights the runner reads (may be null if it owns them)
   std::unique_ptr<ModelRunner> runner;
@@ -103,6 +106,8 @@ class Engine {
   const ModelSpec& spec() const { return spec_; }
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
   int64_t max_model_len() const { return max_model_len_; }
+  // The runner's describe(): backend, device, KV pool (for start-up logs).
+  const std::string& runner_description() const { return runner_description_; }
 
   struct Impl;
 
@@ -112,30 +117,10 @@ class Engine {
   ModelSpec spec_;
   std::optional<Tokenizer> tokenizer_;
   int64_t max_model_len_ = 0;
+  std::string runner_description_;
   std::unique_ptr<Impl> impl_;
 };
 
-// How big the KV pool is: by blocks or by bytes (at most one), or a default.
-struct KvCapacity {
-  int32_t block_size = 16;
-  int64_t blocks = 0;  // > 0: exactly this many blocks
-  int64_t bytes = 0;   // > 0: as many blocks as fit in this many bytes
-};
-// Blocks for capacity, given the bytes one block takes on the backend. The default (neither set)
-// holds 4 sequences of the model's full context, at most 2 GiB. Throws spill::Error when both
-// are set or the result is under one block.
-int64_t resolve_kv_blocks(const ModelSpec& spec, const KvCapacity& capacity, int64_t bytes_per_block);
-
-struct CpuEngineOptions {
-  std::string model_dir;
-  KvCapacity kv{};
-  int threads = 0;                 // <= 0: one per hardware thread
-  bool require_tokenizer = false;  // fail when <model_dir>/tokenizer.json is missing
-  std::string quant;    // --quant mix to quantize the weights with at load; "": as stored
-  std::string imatrix;  // importance matrix for that quantization; "": none
-};
-// Loads a model folder (and its tokenizer.json when present) and starts an engine on the CPU
-// backend.
-std::unique_ptr<Engine> open_cpu_engine(const CpuEngineOptions& options, const EngineConfig& config);
+// Opening a model and building its runner and engine in one call: engine/open_engine.h.
 
 }  // namespace spill

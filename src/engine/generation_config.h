@@ -6,7 +6,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 
 namespace spill {
 

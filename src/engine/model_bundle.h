@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "model/model.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 
 namespace spill {
 

@@ -14,6 +14,23 @@ void SchedulerParams::validate() const {
 
 Scheduler::Scheduler(const SchedulerParams& params, BlockManager& blocks) : params_(params), blocks_(blocks) {
   params_.validate();
+  // Highest first, so that slots are handed out from 0 up.
+  for (int32_t s = params_.max_running - 1; s >= 0; --s) free_slots_.push_back(s);
+}
+
+void Scheduler::take_slot(Sequence* seq) {
+  // The running set never exceeds max_running, so a joining sequence always finds one.
+  if (free_slots_.empty()) fail("scheduler: no free sequence slot for sequence {} (internal error)", seq->id);
+  seq->slot = free_slots_.back();
+  free_slots_.pop_back();
+  seq->blocks_sent = 0;
+}
+
+void Scheduler::give_back_slot(Sequence* seq) {
+  if (seq->slot < 0) return;
+  free_slots_.push_back(seq->slot);
+  seq->slot = -1;
+  seq->blocks_sent = 0;
 }
 
 void Scheduler::enqueue(Sequence* seq) {
@@ -32,6 +49,7 @@ void Scheduler::release_blocks(Sequence* seq) {
 void Scheduler::remove(Sequence* seq) {
   if (seq->state == SequenceState::Running) {
     running_.erase(std::find(running_.begin(), running_.end(), seq));
+    give_back_slot(seq);
   } else if (seq->state == SequenceState::Waiting) {
     auto it = std::find(waiting_.begin(), waiting_.end(), seq);
     if (it != waiting_.end()) waiting_.erase(it);
@@ -48,6 +66,7 @@ void Scheduler::preempt(Sequence* victim, std::vector<Pending>& pending, int64_t
     victim->plan_slot = -1;
   }
   running_.erase(std::find(running_.begin(), running_.end(), victim));
+  give_back_slot(victim);
   release_blocks(victim);
   victim->state = SequenceState::Waiting;
   ++victim->preemptions;
@@ -113,6 +132,7 @@ bool Scheduler::admit_front(std::vector<Pending>& pending, int64_t& budget, Step
   counters_.prefix_query_tokens += total;
   counters_.prefix_hit_tokens += hit_tokens;
   seq->state = SequenceState::Running;
+  take_slot(seq);
   // Priority is submission order (ids grow with it), also for a preempted sequence coming back:
   // it keeps its rank rather than becoming the youngest and the next victim.
   running_.insert(std::upper_bound(running_.begin(), running_.end(), seq,
@@ -180,12 +200,17 @@ void Scheduler::plan(StepPlan& plan) {
     chunk.start_pos = int32_t(p.start);
     chunk.block_table = seq->block_table;
     chunk.want_logits = p.start + p.n == seq->n_tokens();
+    chunk.slot = seq->slot;
+    chunk.first_in_slot = seq->blocks_sent == 0;  // every chunk holds a block, so only the first sees 0
+    chunk.new_blocks = std::span<const int32_t>(seq->block_table).subspan(seq->blocks_sent);
+    seq->blocks_sent = seq->block_table.size();
     plan.batch.tokens.insert(plan.batch.tokens.end(), seq->tokens.begin() + p.start,
                              seq->tokens.begin() + p.start + p.n);
     plan.batch.seqs.push_back(chunk);
     plan.chunk_seqs.push_back(seq);
     if (chunk.want_logits) plan.logit_seqs.push_back(seq);
     trace.chunks.push_back({.seq_id = seq->id,
+                            .slot = seq->slot,
                             .start_pos = p.start,
                             .n_tokens = int32_t(p.n),
                             .decode = p.n == 1 && p.start >= seq->n_prompt,

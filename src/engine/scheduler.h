@@ -15,6 +15,11 @@
 // of the waiting queue, to be recomputed from its tokens later. An older sequence is never
 // preempted for a younger one, so the oldest always progresses and nothing starves or deadlocks.
 //
+// Slots: a sequence takes a runner slot (SeqChunk::slot) when it starts running and gives it back
+// when it finishes or is preempted, so slots are unique among running sequences and stable while a
+// sequence runs; each chunk names the blocks added to its table since the sequence's previous
+// chunk (SeqChunk::new_blocks), so a device runner can keep block tables per slot.
+//
 // Cost per step: O(sequences in the step + tokens in the step); a waiting sequence's prompt is
 // hashed when it is admitted (once, or again after a preemption).
 #pragma once
@@ -29,7 +34,9 @@
 namespace spill {
 
 struct SchedulerParams {
-  int32_t max_running = 64;         // sequences in the running set (and so in one step)
+  // Sequences in the running set (and so in one step); each holds one runner slot in
+  // [0, max_running) while it runs.
+  int32_t max_running = 64;
   int64_t max_batch_tokens = 2048;  // tokens in one step, prefill chunks and decodes together
 
   // Throws spill::Error naming the bad field.
@@ -39,6 +46,7 @@ struct SchedulerParams {
 // What one step did, for tests, logs and metrics.
 struct StepTraceChunk {
   uint64_t seq_id = 0;
+  int32_t slot = -1;
   int64_t start_pos = 0;
   int32_t n_tokens = 0;
   bool decode = false;       // one token of a sequence that has produced output
@@ -109,11 +117,14 @@ class Scheduler {
   void preempt(Sequence* victim, std::vector<Pending>& pending, int64_t& budget, StepTrace& trace);
   bool admit_front(std::vector<Pending>& pending, int64_t& budget, StepTrace& trace);
   void release_blocks(Sequence* seq);
+  void take_slot(Sequence* seq);
+  void give_back_slot(Sequence* seq);
   int64_t blocks_for(int64_t n_tokens) const { return (n_tokens + blocks_.block_size() - 1) / blocks_.block_size(); }
 
   SchedulerParams params_;
   BlockManager& blocks_;
   std::vector<Sequence*> running_;  // by id: oldest first
+  std::vector<int32_t> free_slots_;  // runner slots no running sequence holds; taken from the back
 
   std::deque<Sequence*> waiting_;
   SchedulerCounters counters_;

@@ -28,6 +28,11 @@ struct Sequence {
   // Prefix keys of the leading full blocks whose KV is computed (or was found in the cache).
   std::vector<PrefixKey> block_keys;
 
+  // Its runner slot while Running (SeqChunk::slot), else -1; and how many blocks of block_table
+  // the runner has been given in chunks since the sequence took the slot.
+  int32_t slot = -1;
+  size_t blocks_sent = 0;
+
   // The scheduler's scratch while it plans a step: this sequence's entry in the plan, or -1.
   int32_t plan_slot = -1;
 

@@ -11,12 +11,26 @@ namespace spill {
 // at positions [start_pos, start_pos + n_tokens). Positions before start_pos are already in
 // the KV cache. The block table maps position p to KV block block_table[p / block_size],
 // slot p % block_size, and must cover every position up to start_pos + n_tokens.
+//
+// Slots, for runners that keep per-sequence state on their device (block tables, sampling
+// penalties): `slot` is in [0, RunnerLimits::max_seqs), unique among the sequences running at
+// once and stable for as long as the sequence runs (the scheduler assigns it when the sequence
+// starts running and frees it when it finishes or is preempted). A sequence's block table only
+// grows while it holds a slot, so `new_blocks` is exactly the tail of block_table added since the
+// sequence's previous chunk: a device table kept per slot stays equal to block_table by appending
+// new_blocks. `first_in_slot` marks the first chunk since the sequence took the slot (new, or back
+// after a preemption): whatever the runner kept for that slot is stale, and new_blocks is the whole
+// block_table. Batches built by hand (spill logits, eval, tests) may leave slot 0 and new_blocks
+// empty; a runner must not need them to compute a correct forward.
 struct SeqChunk {
   int32_t first_token = 0;  // index of this chunk's first token in ForwardBatch::tokens
   int32_t n_tokens = 0;
   int32_t start_pos = 0;
   std::span<const int32_t> block_table;
   bool want_logits = false;  // return logits for the chunk's last token
+  int32_t slot = 0;
+  std::span<const int32_t> new_blocks{};  // the tail of block_table added since the previous chunk
+  bool first_in_slot = false;
 };
 
 struct ForwardBatch {

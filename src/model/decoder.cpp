@@ -7,6 +7,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "model/model.h"
 #include "model/runner.h"
 
@@ -16,11 +17,15 @@ namespace {
 
 class CpuRunner final : public ModelRunner {
  public:
-  CpuRunner(const Model& model, KvCacheConfig kv, int n_threads)
+  CpuRunner(const Model& model, KvCacheConfig kv, const RunnerLimits& limits, int n_threads)
       : model_(model), spec_(model.spec()), kv_config_(kv), pool_(n_threads),
         rope_(cpu::make_rope_table(spec_.rope, spec_.head_dim)) {
     if (kv.block_size <= 0) fail("KV block size must be positive, got {}", kv.block_size);
     if (kv.n_blocks <= 0) fail("the KV cache needs at least one block, got {}", kv.n_blocks);
+    kv_config_.format = KvFormat::F32;
+    kv_config_.bytes_per_block = cpu_kv_bytes_per_block(spec_, kv.block_size);
+    limits_ = resolve_runner_limits(spec_, limits, kv_config_);
+    slot_taken_.assign(size_t(limits_.max_seqs), 0);
     const size_t per_layer = size_t(kv.n_blocks) * size_t(kv.block_size) * size_t(spec_.kv_dim());
     kv_k_.resize(static_cast<size_t>(spec_.n_layers));
     kv_v_.resize(static_cast<size_t>(spec_.n_layers));
@@ -37,31 +42,51 @@ class CpuRunner final : public ModelRunner {
 
   const ModelSpec& spec() const override { return spec_; }
   const KvCacheConfig& kv_config() const override { return kv_config_; }
+  const RunnerLimits& limits() const override { return limits_; }
+  std::string describe() const override {
+    return fmt::format("cpu ({} threads; KV {} x {} tokens, {})", pool_.size(), kv_config_.n_blocks,
+                       kv_config_.block_size, kv_format_name(kv_config_.format));
+  }
 
   void forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) override;
 
  private:
-  void check_batch(const ForwardBatch& batch) const;
+  void check_batch(const ForwardBatch& batch);
 
   const Model& model_;
   const ModelSpec& spec_;
   KvCacheConfig kv_config_;
+  RunnerLimits limits_;
   ThreadPool pool_;
   cpu::RopeTable rope_;
   std::vector<std::unique_ptr<float[]>> kv_k_, kv_v_;  // per layer [n_blocks][block_size][kv_dim]
   std::vector<std::vector<cpu::ExpertView>> experts_;  // per layer
+  std::vector<uint8_t> slot_taken_;                    // check_batch's scratch, all 0 between calls
 };
 
-void CpuRunner::check_batch(const ForwardBatch& batch) const {
+// The CPU runner needs none of the limits to compute, but holds every batch to them, so that
+// tests on the CPU catch a plan a device runner (which sized its buffers by them) would refuse.
+void CpuRunner::check_batch(const ForwardBatch& batch) {
+  if (int64_t(batch.seqs.size()) > limits_.max_seqs)
+    fail("forward: {} sequences in one step, more than the runner's limit of {} (--max-seqs)", batch.seqs.size(),
+         limits_.max_seqs);
+  if (batch.n_tokens() > limits_.max_batch_tokens)
+    fail("forward: {} tokens in one step, more than the runner's limit of {} (--max-batch-tokens)", batch.n_tokens(),
+         limits_.max_batch_tokens);
   int64_t expected_first = 0;
   for (const SeqChunk& c : batch.seqs) {
     if (c.first_token != expected_first || c.n_tokens <= 0 || c.start_pos < 0)
       fail("forward: chunks must cover the batch's tokens in order, each with at least one token");
     expected_first += c.n_tokens;
+    if (int64_t(c.start_pos) + c.n_tokens > limits_.max_model_len)
+      fail("forward: a chunk reaches position {}, beyond the runner's limit of {} (--max-model-len)",
+           int64_t(c.start_pos) + c.n_tokens, limits_.max_model_len);
     const int64_t needed_blocks = (int64_t(c.start_pos) + c.n_tokens + kv_config_.block_size - 1) / kv_config_.block_size;
     if (int64_t(c.block_table.size()) < needed_blocks)
       fail("forward: a block table of {} blocks cannot hold {} positions", c.block_table.size(),
            c.start_pos + c.n_tokens);
+    if (c.new_blocks.size() > c.block_table.size())
+      fail("forward: {} new blocks for a block table of {}", c.new_blocks.size(), c.block_table.size());
     for (int64_t b = 0; b < needed_blocks; ++b)
       if (c.block_table[size_t(b)] < 0 || c.block_table[size_t(b)] >= kv_config_.n_blocks)
         fail("forward: block id {} is outside the KV pool of {} blocks", c.block_table[size_t(b)], kv_config_.n_blocks);
@@ -69,6 +94,17 @@ void CpuRunner::check_batch(const ForwardBatch& batch) const {
   if (expected_first != batch.n_tokens()) fail("forward: chunks cover {} tokens of {}", expected_first, batch.n_tokens());
   for (int32_t t : batch.tokens)
     if (t < 0 || t >= spec_.vocab_size) fail("forward: token id {} is outside the vocabulary (size {})", t, spec_.vocab_size);
+  // Slots: in range and one sequence each (hand-built single-sequence batches use slot 0).
+  for (const SeqChunk& c : batch.seqs)
+    if (c.slot < 0 || c.slot >= limits_.max_seqs)
+      fail("forward: sequence slot {} is outside [0, {}) (--max-seqs)", c.slot, limits_.max_seqs);
+  bool clash = false;
+  for (const SeqChunk& c : batch.seqs) {
+    clash |= slot_taken_[size_t(c.slot)] != 0;
+    slot_taken_[size_t(c.slot)] = 1;
+  }
+  for (const SeqChunk& c : batch.seqs) slot_taken_[size_t(c.slot)] = 0;
+  if (clash) fail("forward: two sequences of one step share a slot (internal error)");
 }
 
 void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
@@ -160,11 +196,18 @@ void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, F
 }  // namespace
 
 int64_t cpu_kv_bytes_per_block(const ModelSpec& spec, int32_t block_size) {
-  return 2 * spec.n_layers * int64_t(block_size) * spec.kv_dim() * int64_t(sizeof(float));
+  return kv_bytes_per_token(spec, KvFormat::F32) * int64_t(block_size);
+}
+
+std::unique_ptr<ModelRunner> make_cpu_runner(const Model& model, const CpuRunnerConfig& config) {
+  const int64_t n_blocks =
+      resolve_kv_blocks(model.spec(), config.kv, cpu_kv_bytes_per_block(model.spec(), config.kv.block_size));
+  return std::make_unique<CpuRunner>(model, KvCacheConfig{.block_size = config.kv.block_size, .n_blocks = n_blocks},
+                                     config.limits, config.n_threads);
 }
 
 std::unique_ptr<ModelRunner> make_cpu_runner(const Model& model, KvCacheConfig kv, int n_threads) {
-  return std::make_unique<CpuRunner>(model, kv, n_threads);
+  return std::make_unique<CpuRunner>(model, kv, RunnerLimits{}, n_threads);
 }
 
 }  // namespace spill

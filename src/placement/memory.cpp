@@ -147,38 +147,6 @@ ModelBytes account_weights(const ModelShape& shape, const TensorClassTypes& type
   return mb;
 }
 
-std::string_view kv_format_name(KvFormat f) {
-  switch (f) {
-    case KvFormat::F32: return "f32";
-    case KvFormat::BF16: return "bf16";
-    case KvFormat::Fp8E4m3: return "fp8";
-  }
-  return "?";
-}
-
-KvFormat parse_kv_format(std::string_view text, std::string_view flag) {
-  std::string t(text);
-  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
-  if (t == "f32" || t == "fp32" || t == "float32") return KvFormat::F32;
-  if (t == "bf16") return KvFormat::BF16;
-  if (t == "fp8" || t == "fp8_e4m3" || t == "e4m3") return KvFormat::Fp8E4m3;
-  fail("{}: unknown KV format \"{}\"; use f32 (the CPU runner), bf16 or fp8 (e4m3 with per-head scales)", flag, text);
-}
-
-int64_t kv_bytes_per_token_per_layer(const ModelSpec& spec, KvFormat format) {
-  const int64_t elems = spec.n_kv_heads * spec.head_dim;  // of K, and again of V
-  switch (format) {
-    case KvFormat::F32: return 2 * elems * 4;
-    case KvFormat::BF16: return 2 * elems * 2;
-    case KvFormat::Fp8E4m3: return 2 * (elems * 1 + spec.n_kv_heads * 4);  // one f32 scale per head
-  }
-  return 0;
-}
-
-int64_t kv_bytes_per_token(const ModelSpec& spec, KvFormat format) {
-  return spec.n_layers * kv_bytes_per_token_per_layer(spec, format);
-}
-
 int64_t workspace_bytes(const ModelShape& shape, const WorkspaceParams& params) {
   const ModelSpec& s = shape.spec;
   const int64_t T = params.max_batch_tokens, H = s.hidden_size, Q = s.q_dim(), KV = s.kv_dim();

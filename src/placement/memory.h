@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "formats/model_spec.h"
+#include "model/kv_format.h"
 #include "placement/tensor_types.h"
 
 namespace spill::placement {
@@ -73,17 +74,12 @@ struct ModelBytes {
 // shape is not a decoder spill knows (zero sizes, experts without a width).
 ModelBytes account_weights(const ModelShape& shape, const TensorClassTypes& types);
 
-// KV cache formats. F32 is what the CPU runner keeps; BF16 and FP8 (e4m3 values with one f32
-// scale per token, KV head and K or V) are for GPU runners.
-enum class KvFormat : uint8_t { F32, BF16, Fp8E4m3 };
-std::string_view kv_format_name(KvFormat f);  // "f32", "bf16", "fp8"
-// "f32", "bf16", "fp8" / "fp8_e4m3" (case-insensitive); throws spill::Error naming flag.
-KvFormat parse_kv_format(std::string_view text, std::string_view flag = "--kv-format");
-
-// K and V of one token in one layer.
-int64_t kv_bytes_per_token_per_layer(const ModelSpec& spec, KvFormat format);
-// All layers.
-int64_t kv_bytes_per_token(const ModelSpec& spec, KvFormat format);
+// KV cache formats and their sizes live with the runners that keep them (model/kv_format.h).
+using ::spill::KvFormat;
+using ::spill::kv_bytes_per_token;
+using ::spill::kv_bytes_per_token_per_layer;
+using ::spill::kv_format_name;
+using ::spill::parse_kv_format;
 
 struct WorkspaceParams {
   int64_t max_batch_tokens = 2048;  // tokens in one step

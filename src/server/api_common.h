@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json_limits.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 
 namespace spill::server {
 

@@ -28,6 +28,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/open_engine.h"
 #include "placement/profile.h"
 #include "server/anthropic_api.h"
 #include "server/api_common.h"
@@ -277,19 +278,21 @@ void HttpServer::load_model() {
       profile_writer_ = std::make_unique<placement::ProfileFileWriter>(*recorder_, options_.record_profile,
                                                                        options_.record_profile_interval_s);
     }
-    CpuEngineOptions cpu{.model_dir = options_.model_dir,
-                         .kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes},
-                         .threads = options_.threads,
-                         .require_tokenizer = true,
-                         .quant = options_.quant,
-                         .imatrix = options_.imatrix};
-    auto engine = open_cpu_engine(cpu, config);
+    const EngineOptions engine_options{
+        .runner = {.device = parse_device(options_.device),
+                   .threads = options_.threads,
+                   .kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes}},
+        .quant = options_.quant,
+        .imatrix = options_.imatrix,
+        .require_tokenizer = true};
+    auto engine = open_engine(options_.model_dir, engine_options, config);
     chat_prompt_ = ChatPrompt::load(options_.model_dir, engine->tokenizer());
     defaults_ = GenerationDefaults::load(options_.model_dir);
     engine_ = std::move(engine);
     state_ = State::Ready;
-    fmt::print(stderr, "spill: model {} ready in {:.1f} s (context {} tokens{})\n", model_name_, seconds_since(t0),
-               engine_->max_model_len(), chat_prompt_->is_fallback() ? "; no chat template in the model, using ChatML" : "");
+    fmt::print(stderr, "spill: model {} ready in {:.1f} s on {} (context {} tokens{})\n", model_name_,
+               seconds_since(t0), engine_->runner_description(), engine_->max_model_len(),
+               chat_prompt_->is_fallback() ? "; no chat template in the model, using ChatML" : "");
   } catch (const std::exception& e) {
     load_error_ = e.what();
     state_ = State::Failed;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "text/tokenizer.h"
 
 namespace spill::server {

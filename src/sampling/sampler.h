@@ -1,3 +1,6 @@
+// The sampling layer (src/sampling/): below the engine and the model runners, so that a runner can
+// sample where its logits are; this CPU sampler is the exact reference for a device one.
+//
 // Picks the next token of one sequence from one row of logits: penalties, temperature, top-k,
 // top-p, min-p, a per-request random stream, and optional logprobs.
 //
@@ -80,6 +83,20 @@ class SequenceSampler {
 
   const SamplingParams& params() const { return params_; }
   uint64_t seed() const { return seed_; }
+
+  // For a runner that samples on its device and keeps this sampler as the reference: the state a
+  // device sampler needs, and a way to record the token it picked.
+  //   n_sampled(): tokens sampled so far, the Philox counter of the next draw.
+  //   prompt_tokens(): the prompt's distinct tokens, sorted; empty unless repetition_penalty is on.
+  //   output_tokens(): the generated tokens' distinct ids, in first-seen order; output_count(t)
+  //   how often t was generated.
+  //   accept(token): records a token picked elsewhere exactly as sample() records its own pick, so
+  //   the next draw and the penalties are what they would have been had sample() picked it.
+  uint64_t n_sampled() const { return n_sampled_; }
+  std::span<const int32_t> prompt_tokens() const { return prompt_tokens_; }
+  std::span<const int32_t> output_tokens() const { return output_tokens_; }
+  int32_t output_count(int32_t token) const;
+  void accept(int32_t token);
 
  private:
   void apply_penalties(std::span<float> scores) const;

@@ -1,4 +1,4 @@
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -86,6 +86,17 @@ void SequenceSampler::record(int32_t token) {
   auto [it, inserted] = output_counts_.try_emplace(token, 0);
   if (inserted) output_tokens_.push_back(token);
   ++it->second;
+}
+
+int32_t SequenceSampler::output_count(int32_t token) const {
+  auto it = output_counts_.find(token);
+  return it == output_counts_.end() ? 0 : it->second;
+}
+
+void SequenceSampler::accept(int32_t token) {
+  if (token < 0) fail("sampler: cannot accept token id {}; ids are non-negative", token);
+  record(token);
+  ++n_sampled_;
 }
 
 void SequenceSampler::apply_penalties(std::span<float> scores) const {
@@ -203,8 +214,7 @@ SampledToken SequenceSampler::sample(std::span<const float> logits, SamplerWorks
   SampledToken out;
   out.token = token;
   if (params_.logprobs) compute_logprobs(logits, token, params_.top_logprobs, out);
-  record(token);
-  ++n_sampled_;
+  accept(token);  // the one way a pick is recorded, also for picks made on a device
   return out;
 }
 

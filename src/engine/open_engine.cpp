@@ -1,0 +1,119 @@
+#include "engine/open_engine.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <charconv>
+#include <string>
+
+#include "backend/cuda/device_info.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "model/quantize_on_load.h"
+
+namespace spill {
+
+namespace {
+
+// ==== CUDA runner: the one place it plugs in ==================================================
+// Whether this build can run a model on a GPU. It becomes SPILL_HAVE_CUDA's value once the CUDA
+// runner is part of the build; until then --device cuda is refused and auto means cpu.
+constexpr bool kHaveCudaRunner = false;
+
+std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOptions& options, int cuda_index) {
+  // When the CUDA runner lands, this becomes:
+  //   return make_cuda_runner(model, CudaRunnerConfig{.device = cuda_index, .kv = options.kv,
+  //                                                   .limits = options.limits, .host_threads = options.threads});
+  // (kv.bytes == 0 and kv.blocks == 0: the pool takes what is left of the GPU after weights and
+  // workspace; limits.max_model_len == 0: the model's context, capped by the pool.)
+  (void)model;
+  (void)options;
+  fail("--device cuda:{}: this build has no CUDA runner; use --device cpu", cuda_index);
+}
+// ===============================================================================================
+
+std::string lower(std::string_view text) {
+  std::string t(text);
+  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return t;
+}
+
+}  // namespace
+
+DeviceChoice parse_device(std::string_view text) {
+  const std::string t = lower(text);
+  if (t == "auto") return {Device::Auto, 0};
+  if (t == "cpu") return {Device::Cpu, 0};
+  if (t == "cuda" || t == "gpu") return {Device::Cuda, 0};
+  if (t.rfind("cuda:", 0) == 0) {
+    int index = -1;
+    const char* first = t.data() + 5;
+    const char* last = t.data() + t.size();
+    const auto [end, ec] = std::from_chars(first, last, index);
+    if (ec == std::errc() && end == last && first != last && index >= 0) return {Device::Cuda, index};
+  }
+  fail("--device '{}': expected cpu, cuda, cuda:N (the N-th GPU, from 0) or auto", text);
+}
+
+std::string device_name(const DeviceChoice& choice) {
+  switch (choice.device) {
+    case Device::Auto: return "auto";
+    case Device::Cpu: return "cpu";
+    case Device::Cuda: return fmt::format("cuda:{}", choice.cuda_index);
+  }
+  return "?";
+}
+
+DeviceChoice resolve_device(const DeviceChoice& choice) {
+  if (choice.device == Device::Cpu) return choice;
+  if (!kHaveCudaRunner) {
+    if (choice.device == Device::Auto) return {Device::Cpu, 0};
+#ifdef SPILL_HAVE_CUDA
+    fail("--device {}: this build has no CUDA runner yet (its kernels are built, the model runner is not); use "
+         "--device cpu",
+         device_name(choice));
+#else
+    fail("--device {}: this build has no CUDA runner (spill was built without CUDA: -DSPILL_CUDA=OFF or no nvcc at "
+         "configure time); use --device cpu, or rebuild with the CUDA toolkit",
+         device_name(choice));
+#endif
+  }
+  std::string why;
+  const std::vector<GpuInfo> gpus = list_gpus(&why);
+  if (choice.device == Device::Auto) return gpus.empty() ? DeviceChoice{Device::Cpu, 0} : DeviceChoice{Device::Cuda, 0};
+  if (gpus.empty()) fail("--device {}: no usable GPU ({}); use --device cpu", device_name(choice), why);
+  if (choice.cuda_index >= int(gpus.size()))
+    fail("--device {}: there is no GPU {}; this machine has {} (cuda:0 to cuda:{}; spill info lists them)",
+         device_name(choice), choice.cuda_index, gpus.size(), gpus.size() - 1);
+  return choice;
+}
+
+std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options) {
+  const DeviceChoice device = resolve_device(options.device);
+  if (device.device == Device::Cuda) return open_cuda_runner(model, options, device.cuda_index);
+  return make_cpu_runner(model, CpuRunnerConfig{.kv = options.kv, .limits = options.limits, .n_threads = options.threads});
+}
+
+std::unique_ptr<Engine> open_engine(ModelBundle bundle, const EngineOptions& options, const EngineConfig& config) {
+  if (!bundle.model) fail("open_engine: no model given (internal error)");
+  std::unique_ptr<Model> model = std::move(bundle.model);
+  // Before the runner exists: a device runner uploads the weights in the types they end up in.
+  quantize_as_asked(*model, {.quant = options.quant, .imatrix = options.imatrix, .n_threads = options.runner.threads});
+  RunnerOptions runner_options = options.runner;
+  runner_options.limits = {.max_seqs = config.scheduler.max_running,
+                           .max_batch_tokens = config.scheduler.max_batch_tokens,
+                           .max_model_len = config.max_model_len};
+  std::unique_ptr<ModelRunner> runner = open_runner(*model, runner_options);
+  return std::make_unique<Engine>(
+      EngineParts{.model = std::move(model), .runner = std::move(runner), .tokenizer = std::move(bundle.tokenizer)},
+      config);
+}
+
+std::unique_ptr<Engine> open_engine(const std::string& model_path, const EngineOptions& options,
+                                    const EngineConfig& config) {
+  // Refuse an impossible --device before spending the time to load the weights.
+  (void)resolve_device(options.runner.device);
+  return open_engine(open_model_bundle(model_path, options.require_tokenizer), options, config);
+}
+
+}  // namespace spill
