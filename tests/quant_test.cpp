@@ -61,7 +61,8 @@ TEST_P(DequantizeFixture, BitExactAgainstGgufPy) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DequantizeFixture,
                          ::testing::Values(DType::F16, DType::BF16, DType::Q8_0, DType::Q6_K, DType::Q5_K,
-                                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4),
+                                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4,
+                                           DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL),
                          [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
 
 TEST(Dequantize, RejectsPartialBlocks) {
@@ -92,6 +93,11 @@ ScaleFields scale_fields(DType t) {
     case DType::Q3_K: return {{108}, 108, -1};
     case DType::Q2_K: return {{80, 82}, 80, 82};
     case DType::IQ4_XS: return {{0}, 0, -1};
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::IQ4_NL: return {{0}, 0, -1};
+    case DType::Q4_1:
+    case DType::Q5_1: return {{0, 2}, 0, 2};
     default: return {};
   }
 }
@@ -171,8 +177,9 @@ DotReference dot_reference(DType t, const std::vector<uint8_t>& row, const std::
   return {exact, (k + 2) * std::ldexp(1.0, -24) * magnitude};
 }
 
-const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,   DType::Q6_K, DType::Q5_K,
-                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16,   DType::Q8_0,  DType::Q6_K, DType::Q5_K,
+                           DType::Q4_K, DType::Q3_K,  DType::Q2_K,   DType::IQ4_XS, DType::MXFP4, DType::Q4_0,
+                           DType::Q4_1, DType::Q5_0,  DType::Q5_1,   DType::IQ4_NL};
 
 class DotTest : public ::testing::TestWithParam<DType> {};
 
@@ -256,7 +263,8 @@ TEST(ActivationsQ8, RoundingIsWithinHalfAStep) {
   EXPECT_THROW(spill::quant::quantize_activations_q8(zeros.data(), 48, a), spill::Error);
 }
 
-const DType kQ8Types[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K, DType::Q4_K};
+const DType kQ8Types[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K, DType::Q4_K,  DType::Q4_0,
+                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL};
 
 class DotQ8Test : public ::testing::TestWithParam<DType> {};
 
@@ -367,8 +375,9 @@ TEST(Dot, ReportsItsKernelPath) {
 
 namespace {
 
-const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
-                             DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K, DType::Q4_K,   DType::Q3_K,
+                             DType::Q2_K, DType::IQ4_XS, DType::MXFP4, DType::Q4_0, DType::Q4_1,
+                             DType::Q5_0, DType::Q5_1, DType::IQ4_NL};
 
 double weighted_sq_error(DType t, const std::vector<float>& x, const std::vector<uint8_t>& q, const float* imp) {
   std::vector<float> y(x.size());

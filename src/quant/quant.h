@@ -89,7 +89,8 @@ struct ActivationsQ8 {
 // its storage. Throws spill::Error for a non-finite activation or n not a multiple of 32.
 void quantize_activations_q8(const float* x, int64_t n, ActivationsQ8& out);
 
-// The formats dot_q8 has an integer kernel for (Q8_0, Q4_K, Q6_K, Q5_K). The others keep dot().
+// The formats dot_q8 has an integer kernel for (Q8_0, Q4_K, Q6_K, Q5_K, and the legacy Q4_0,
+// Q4_1, Q5_0, Q5_1, IQ4_NL). The others keep dot().
 bool has_dot_q8(DType t);
 // The formats the CPU matmul takes dot_q8 for by default (Q4_K, Q5_K, Q6_K: 1.5-3x their f32
 // kernels). Q8_0 stays on f32: its f32 kernel is already one convert and one fma per weight, and

@@ -9,17 +9,23 @@ each GGUF evaluated by both spill eval and llama-perplexity --kl-divergence, so 
 compared by one evaluator at a time. Standard library only; prints a markdown table.
 
   python3 tools/bench/quant_quality.py --spill build/spill --llama-bin /work/llama-cpu-build/bin \\
-      --bf16-gguf /work/gguf/spill-tiny-bf16.gguf --work /tmp/qq [--types q8_0,q4_k_m]
+      --bf16-gguf /work/gguf/spill-tiny-bf16.gguf --work /tmp/qq [--types q8_0,q4_k_m] [--out docs/perf/X.md]
+
+With --out the table is written there as a whole report: date, machine, spill commit, llama.cpp build, the
+command line, and per type the file sizes and bits per weight (tensor bytes x 8 / parameters, by `spill info`).
 """
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import re
+import shlex
 import subprocess
 import sys
 
-TYPES = ["q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "iq4_xs", "mxfp4_moe"]
+TYPES = ["q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "iq4_xs"]
 
 
 def run(cmd, **kw):
@@ -49,6 +55,35 @@ def llama_kld(a, gguf, base_logits):
             "top1": float(same.group(1)) / 100 if same else float("nan")}
 
 
+def bits_per_weight(a, gguf):
+    """Tensor bytes x 8 / parameters, as `spill info` counts them (metadata not included)."""
+    info = run([a.spill, "info", "--model", gguf]).stdout
+    nbytes = int(re.search(r"^weights .*\((\d+) bytes\)", info, re.M).group(1))
+    params = sum(int(m.group(1)) for m in re.finditer(r"^[a-zA-Z][a-zA-Z ]*?\s{2,}(\d+)\s+\d+\s+[0-9.]+%$", info, re.M))
+    return 8.0 * nbytes / params
+
+
+def machine():
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            model = m.group(1).strip() if m else model
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+
+
+def git_commit():
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True, capture_output=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], text=True,
+                               capture_output=True, check=True).stdout.strip()
+        return r.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spill", required=True)
@@ -62,7 +97,10 @@ def main():
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--with-load", action="store_true", help="also evaluate quantize on load (spill eval --quant)")
     ap.add_argument("--chars", type=int, default=0, help="use only the text's first N characters (whole lines)")
+    ap.add_argument("--out", help="write the report (markdown) to this file as well as stdout")
     a = ap.parse_args()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    command = "python3 " + " ".join(shlex.quote(x) for x in sys.argv)
     os.makedirs(a.work, exist_ok=True)
     if a.chars:
         with open(a.text, encoding="utf-8") as f:
@@ -82,7 +120,8 @@ def main():
         sq = os.path.join(a.work, f"spill-{t}.gguf")
         run([os.path.join(a.llama_bin, "llama-quantize"), a.bf16_gguf, lq, t.upper(), str(a.threads)])
         run([a.spill, "quantize", "--model", a.model, "--quant", t, "--out", sq, "--threads", str(a.threads)])
-        row = {"type": t, "llama_bytes": os.path.getsize(lq), "spill_bytes": os.path.getsize(sq)}
+        row = {"type": t, "llama_bytes": os.path.getsize(lq), "spill_bytes": os.path.getsize(sq),
+               "llama_bpw": bits_per_weight(a, lq), "spill_bpw": bits_per_weight(a, sq)}
         if a.with_load:  # bit-identical to the spill file (tests/cli_quant_test.cpp); costs a run
             row["spill_load"] = spill_eval(a, a.model, t, os.path.join(a.work, f"load-{t}.json"))
         row["spill_file_by_spill"] = spill_eval(a, sq, "", os.path.join(a.work, f"sfile-{t}.json"))
@@ -92,24 +131,43 @@ def main():
         rows.append(row)
         with open(os.path.join(a.work, "rows.json"), "w") as f:
             json.dump({"bf16": bf16, "llama_bf16": llama_bf16, "rows": rows}, f, indent=1)
-    print(f"BF16: spill eval PPL {bf16['ppl']:.4f} over {bf16['n_scored']} tokens; llama-perplexity PPL "
-          f"{llama_bf16['ppl']:.4f}, KLD of llama.cpp's BF16 run against its own base {llama_bf16['kld_mean']:.6f}\n")
-    print("| type | file MiB spill / llama | evaluator | PPL spill / llama | mean KLD spill / llama | 99% KLD spill / llama "
-          "| same top spill / llama |")
-    print("|---|---|---|---|---|---|---|")
+    lines = []
+    out = lines.append
+    if a.out:
+        llama_version = run([os.path.join(a.llama_bin, "llama-perplexity"), "--version"])
+        version = (llama_version.stdout + llama_version.stderr).strip().splitlines()
+        out(f"# Quantization quality: spill's quantizer against llama-quantize ({started:%Y-%m-%d})\n")
+        out(f"- Date: {started:%Y-%m-%d %H:%M} UTC (run took "
+            f"{(datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60:.0f} min)")
+        out(f"- Machine: {machine()}")
+        out(f"- spill commit: {git_commit()}; llama.cpp: {version[0] if version else '?'} ({a.llama_bin})")
+        out(f"- Model: {a.model}; llama.cpp's side starts from {a.bf16_gguf}")
+        out(f"- Text: {a.text}{f' (first {a.chars} characters, whole lines)' if a.chars else ''}; "
+            f"windows of {a.ctx} tokens, the second half of each scored; {bf16['n_scored']} scored tokens")
+        out(f"- Command: `{command}`\n")
+    out(f"BF16: spill eval PPL {bf16['ppl']:.4f} over {bf16['n_scored']} tokens; llama-perplexity PPL "
+        f"{llama_bf16['ppl']:.4f}, KLD of llama.cpp's BF16 run against its own base {llama_bf16['kld_mean']:.6f}\n")
+    out("| type | file bytes spill / llama | bits/weight spill / llama | evaluator | PPL spill / llama "
+        "| mean KLD spill / llama | 99% KLD spill / llama | same top spill / llama |")
+    out("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        size = f"{r['spill_bytes'] / 2**20:.2f} / {r['llama_bytes'] / 2**20:.2f}"
+        size = f"{r['spill_bytes']:,} / {r['llama_bytes']:,}"
+        bpw = f"{r['spill_bpw']:.3f} / {r['llama_bpw']:.3f}"
         for ev, s, l in (("spill eval", r["spill_file_by_spill"], r["llama_file_by_spill"]),
                          ("llama-perplexity", r["spill_file_by_llama"], r["llama_file_by_llama"])):
-            print(f"| {r['type']} | {size} | {ev} | {s['ppl']:.4f} / {l['ppl']:.4f} | {s['kld_mean']:.6f} / "
-                  f"{l['kld_mean']:.6f} | {s['kld_p99']:.5f} / {l['kld_p99']:.5f} | {100 * s['top1']:.2f} / "
-                  f"{100 * l['top1']:.2f} % |")
+            out(f"| {r['type']} | {size} | {bpw} | {ev} | {s['ppl']:.4f} / {l['ppl']:.4f} | {s['kld_mean']:.6f} / "
+                f"{l['kld_mean']:.6f} | {s['kld_p99']:.5f} / {l['kld_p99']:.5f} | {100 * s['top1']:.2f} / "
+                f"{100 * l['top1']:.2f} % |")
     if a.with_load:
-        print("\nquantize on load (spill eval --quant TYPE, no file):")
+        out("\nquantize on load (spill eval --quant TYPE, no file):")
     for r in rows if a.with_load else []:
         s = r["spill_load"]
-        print(f"  {r['type']}: PPL {s['ppl']:.4f}, mean KLD {s['kld_mean']:.6f}, 99% KLD {s['kld_p99']:.5f}, "
-              f"same top {100 * s['top1']:.2f} %")
+        out(f"  {r['type']}: PPL {s['ppl']:.4f}, mean KLD {s['kld_mean']:.6f}, 99% KLD {s['kld_p99']:.5f}, "
+            f"same top {100 * s['top1']:.2f} %")
+    print("\n".join(lines))
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
