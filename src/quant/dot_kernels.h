@@ -134,15 +134,20 @@ inline void add_if_bit32(const uint8_t* p, int bit, int8_t if_set, int8_t if_cle
   store32(q, _mm256_add_epi8(load32(q), add));
 }
 // q[l] = table[p[l] & 15], q[l + 16] = table[p[l] >> 4] for 16 bytes p
-// q[l] += bit l of bits ? if_set : 0, for 32 bytes q: byte l of the broadcast word's bytes
-// l / 8, tested against bit l % 8.
-inline void add_bits_word32(uint32_t bits, int8_t if_set, int8_t* q) {
+// q[l] = table[nibble l of p] + (bit l of bits ? if_set : 0), for the 32 quants of a legacy block
+// (nibble l: the low nibble of p[l] for l < 16, the high one of p[l - 16]), in registers and
+// stored once. The bit of byte l: byte l / 8 of the broadcast word, tested against bit l % 8.
+inline void lut_nibbles16_add_bits(const uint8_t* p, const int8_t* table, uint32_t bits, int8_t if_set, int8_t* q) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(table));
+  const __m256i vals = _mm256_set_m128i(_mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(v, 4), m)),
+                                        _mm_shuffle_epi8(t, _mm_and_si128(v, m)));
   const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)), spread);
+  const __m256i w = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)), spread);
   const __m256i mask = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask);
-  store32(q, _mm256_add_epi8(load32(q), _mm256_and_si256(set, _mm256_set1_epi8(if_set))));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(w, mask), mask);
+  store32(q, _mm256_add_epi8(vals, _mm256_and_si256(set, _mm256_set1_epi8(if_set))));
 }
 inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
@@ -170,11 +175,12 @@ inline void add_bits2_x16(const uint8_t* p, int shift, int8_t offset, int8_t* q)
 inline void add_if_bit32(const uint8_t* p, int bit, int8_t if_set, int8_t if_clear, int8_t* q) {
   for (int l = 0; l < 32; ++l) q[l] = int8_t(q[l] + (((p[l] >> bit) & 1) ? if_set : if_clear));
 }
-inline void add_bits_word32(uint32_t bits, int8_t if_set, int8_t* q) {
-  for (int l = 0; l < 32; ++l) q[l] = int8_t(q[l] + (((bits >> l) & 1) ? if_set : 0));
-}
 inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
   for (int l = 0; l < 16; ++l) q[l] = table[p[l] & 0xF], q[l + 16] = table[p[l] >> 4];
+}
+inline void lut_nibbles16_add_bits(const uint8_t* p, const int8_t* table, uint32_t bits, int8_t if_set, int8_t* q) {
+  lut_nibbles16(p, table, q);
+  for (int l = 0; l < 32; ++l) q[l] = int8_t(q[l] + (((bits >> l) & 1) ? if_set : 0));
 }
 #endif
 
@@ -363,13 +369,11 @@ inline void unpack_legacy(const BlockQ4_1& b, int8_t* q, float& d, float& m) {
   m = -half(b.m);
 }
 inline void unpack_legacy(const BlockQ5_0& b, int8_t* q, float& d, float&) {
-  lut_nibbles16(b.qs, kNibbleMinus16, q);
-  add_bits_word32(q5_high_bits(b.qh), 16, q);
+  lut_nibbles16_add_bits(b.qs, kNibbleMinus16, q5_high_bits(b.qh), 16, q);
   d = half(b.d);
 }
 inline void unpack_legacy(const BlockQ5_1& b, int8_t* q, float& d, float& m) {
-  lut_nibbles16(b.qs, kNibble, q);
-  add_bits_word32(q5_high_bits(b.qh), 16, q);
+  lut_nibbles16_add_bits(b.qs, kNibble, q5_high_bits(b.qh), 16, q);
   d = half(b.d);
   m = -half(b.m);
 }

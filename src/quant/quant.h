@@ -95,7 +95,8 @@ bool has_dot_q8(DType t);
 // The formats the CPU matmul takes dot_q8 for by default (Q4_K, Q5_K, Q6_K: 1.5-3x their f32
 // kernels). Q8_0 stays on f32: its f32 kernel is already one convert and one fma per weight, and
 // its q8 kernel measured slower (docs/perf/cpu-q8-activations-2026-12-01.md); it now sums four
-// blocks per horizontal add and is still to be re-measured.
+// blocks per horizontal add and is still to be re-measured. The legacy 32-weight formats stay on
+// f32 too: their q8 kernels measured no faster on AVX2 (docs/perf/quant-speed-legacy-2026-12-01.md).
 bool prefer_dot_q8(DType t);
 
 // sum_i dequantize(row)[i] * x'_i over a.n weights (see the accuracy contract above). Throws

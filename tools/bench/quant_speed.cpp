@@ -10,7 +10,7 @@
 // per-token rounding is inside the timed matmul). "(default)" marks the one the matmul takes
 // (quant::prefer_dot_q8).
 //
-// Build: cmake --build build --target quant_speed; run: build/quant_speed [seconds-per-case]
+// Build: cmake --build build --target quant_speed; run: build/quant_speed [seconds-per-case] [TYPE,TYPE,...]
 #include <immintrin.h>
 #include <time.h>
 
@@ -20,6 +20,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -31,6 +32,17 @@ namespace {
 
 using spill::DType;
 using Clock = std::chrono::steady_clock;
+
+// Whether `name` is one of the comma-separated names of `list` (every name when list is empty).
+bool selected(std::string_view list, std::string_view name) {
+  if (list.empty()) return true;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    if (list.substr(at, end - at) == name) return true;
+    at = end + 1;
+  }
+  return false;
+}
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -151,6 +163,8 @@ Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t
 
 int main(int argc, char** argv) {
   const double secs = argc > 1 ? std::atof(argv[1]) : 0.5;
+  // argv[2], optional: the types to run, comma-separated as spill names them ("Q8_0,Q4_0").
+  const std::string only = argc > 2 ? argv[2] : "";
   const int64_t M = 2048, K = 768;
   const size_t stream_bytes = size_t(256) << 20;  // well past the last-level cache
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -170,6 +184,7 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|---|---|\n");
     for (DType t : types)
     for (auto mode : {spill::cpu::ActivationMode::F32, spill::cpu::ActivationMode::Q8}) {
+      if (!selected(only, spill::dtype_name(t))) continue;
       const bool q8 = mode == spill::cpu::ActivationMode::Q8;
       if (q8 && !spill::quant::has_dot_q8(t)) continue;
       spill::cpu::set_activation_mode(mode);
