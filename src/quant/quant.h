@@ -22,10 +22,19 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 // Quantizes n floats (a whole number of blocks) into dst (row_bytes(t, n) bytes). importance, when
 // given, holds n non-negative weights (a row of an importance matrix: mean squared activation per
 // input column) that the scale search minimises the weighted squared error under; without it the
-// plain squared error is minimised. F32/F16/BF16 round to nearest (even). Throws spill::Error for
+// error is weighted by default_error_weights. F32/F16/BF16 round to nearest (even). Throws spill::Error for
 // non-finite weights, negative or non-finite importance, or a block whose scale overflows f16.
 // Cost: roughly ggml's own quantizer (tens of microseconds per 256 weights for the k-quants).
 void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* importance = nullptr);
+
+// The error weights quantize_row uses without an importance row: larger weights count more (they
+// move a layer's outputs more; on spill-tiny at Q6_K the plain squared error, though lower, gave
+// more KL divergence than ggml's quantizer, docs/perf/quant-quality-2026-12-01.md), for the
+// formats whose ggml reference quantizer weighs them: x^2 for Q6_K (as ggml), |x| for Q2_K (as
+// ggml), the RMS of each 32 weights + |x| for Q4_K, Q5_K (as ggml) and Q3_K, IQ4_XS, IQ4_NL (ggml:
+// x^2, which here cost plain RMSE above ggml's; this keeps it below, docs/perf/quant-rmse-*.md);
+// 1 (plain squared error) for the others. n must be a multiple of 32.
+void default_error_weights(DType t, const float* x, int64_t n, float* w);
 
 // sum_i dequantize(row)[i] * x[i] over n weights, with f32 activations, accumulated in an order that
 // depends on n alone (never on the batch or the thread), so a token's result is batch-invariant.

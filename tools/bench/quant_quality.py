@@ -24,6 +24,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 
 TYPES = ["q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "iq4_xs"]
 
@@ -84,6 +85,17 @@ def git_commit():
         return "?"
 
 
+def previous_row(folder, t, wait_s=3600):
+    """Type t's row of the earlier run in folder, waiting for it while that run is still going."""
+    for _ in range(wait_s // 30 + 1):
+        with open(os.path.join(folder, "rows.json")) as f:
+            rows = {r["type"]: r for r in json.load(f)["rows"]}
+        if t in rows:
+            return rows[t]
+        time.sleep(30)
+    raise SystemExit(f"{folder}/rows.json has no row for {t}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spill", required=True)
@@ -98,6 +110,10 @@ def main():
     ap.add_argument("--with-load", action="store_true", help="also evaluate quantize on load (spill eval --quant)")
     ap.add_argument("--chars", type=int, default=0, help="use only the text's first N characters (whole lines)")
     ap.add_argument("--out", help="write the report (markdown) to this file as well as stdout")
+    ap.add_argument("--reuse-llama", metavar="DIR",
+                    help="a previous --work folder of the same text and settings: take llama.cpp's side (its base "
+                         "logits, llama-quantize's files and their evaluations) and the BF16 rows from there, and "
+                         "run spill's side only (after a change to spill's quantizer)")
     a = ap.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     command = "python3 " + " ".join(shlex.quote(x) for x in sys.argv)
@@ -109,15 +125,36 @@ def main():
         a.text = os.path.join(a.work, "text.txt")
         with open(a.text, "w", encoding="utf-8") as f:
             f.write(text[:cut])
-    base_logits = os.path.join(a.work, "bf16.kld")
-    run([os.path.join(a.llama_bin, "llama-perplexity"), "-m", a.bf16_gguf, "-f", a.text, "-c", str(a.ctx),
-         "--kl-divergence-base", base_logits, "-t", str(a.threads)])
-    bf16 = spill_eval(a, a.model, "", os.path.join(a.work, "bf16.json"))
-    llama_bf16 = llama_kld(a, a.bf16_gguf, base_logits)
+    prev = None
+    if a.reuse_llama:
+        with open(os.path.join(a.reuse_llama, "rows.json")) as f:
+            prev = json.load(f)
+        base_logits = os.path.join(a.reuse_llama, "bf16.kld")
+        bf16, llama_bf16 = prev["bf16"], prev["llama_bf16"]
+    else:
+        base_logits = os.path.join(a.work, "bf16.kld")
+        run([os.path.join(a.llama_bin, "llama-perplexity"), "-m", a.bf16_gguf, "-f", a.text, "-c", str(a.ctx),
+             "--kl-divergence-base", base_logits, "-t", str(a.threads)])
+        bf16 = spill_eval(a, a.model, "", os.path.join(a.work, "bf16.json"))
+        llama_bf16 = llama_kld(a, a.bf16_gguf, base_logits)
     rows = []
     for t in a.types.split(","):
         lq = os.path.join(a.work, f"llama-{t}.gguf")
         sq = os.path.join(a.work, f"spill-{t}.gguf")
+        if prev:
+            p = previous_row(a.reuse_llama, t)
+            run([a.spill, "quantize", "--model", a.model, "--quant", t, "--out", sq, "--threads", str(a.threads)])
+            row = {"type": t, "llama_bytes": p["llama_bytes"], "spill_bytes": os.path.getsize(sq),
+                   "llama_bpw": p["llama_bpw"], "spill_bpw": bits_per_weight(a, sq),
+                   "llama_file_by_spill": p["llama_file_by_spill"], "llama_file_by_llama": p["llama_file_by_llama"]}
+            if a.with_load:
+                row["spill_load"] = spill_eval(a, a.model, t, os.path.join(a.work, f"load-{t}.json"))
+            row["spill_file_by_spill"] = spill_eval(a, sq, "", os.path.join(a.work, f"sfile-{t}.json"))
+            row["spill_file_by_llama"] = llama_kld(a, sq, base_logits)
+            rows.append(row)
+            with open(os.path.join(a.work, "rows.json"), "w") as f:
+                json.dump({"bf16": bf16, "llama_bf16": llama_bf16, "rows": rows}, f, indent=1)
+            continue
         run([os.path.join(a.llama_bin, "llama-quantize"), a.bf16_gguf, lq, t.upper(), str(a.threads)])
         run([a.spill, "quantize", "--model", a.model, "--quant", t, "--out", sq, "--threads", str(a.threads)])
         row = {"type": t, "llama_bytes": os.path.getsize(lq), "spill_bytes": os.path.getsize(sq),
@@ -144,7 +181,12 @@ def main():
         out(f"- Model: {a.model}; llama.cpp's side starts from {a.bf16_gguf}")
         out(f"- Text: {a.text}{f' (first {a.chars} characters, whole lines)' if a.chars else ''}; "
             f"windows of {a.ctx} tokens, the second half of each scored; {bf16['n_scored']} scored tokens")
-        out(f"- Command: `{command}`\n")
+        out(f"- Command: `{command}`")
+        if a.reuse_llama:
+            out(f"- llama.cpp's side (llama-quantize's files, every llama-perplexity run of them, the BF16 base) "
+                f"and spill eval's BF16 row are from the earlier run in {a.reuse_llama}: same text, settings and "
+                f"llama.cpp binaries")
+        out("")
     out(f"BF16: spill eval PPL {bf16['ppl']:.4f} over {bf16['n_scored']} tokens; llama-perplexity PPL "
         f"{llama_bf16['ppl']:.4f}, KLD of llama.cpp's BF16 run against its own base {llama_bf16['kld_mean']:.6f}\n")
     out("| type | file bytes spill / llama | bits/weight spill / llama | evaluator | PPL spill / llama "
