@@ -528,28 +528,11 @@ void quantize_blocks32(const float* x, const float* w, void* dst, int64_t n, Fit
 }  // namespace
 
 void default_error_weights(DType t, const float* x, int64_t n, float* w) {
-  switch (t) {
-    case DType::Q6_K:
-      for (int64_t i = 0; i < n; ++i) w[i] = x[i] * x[i];
-      return;
-    case DType::Q2_K:
-      for (int64_t i = 0; i < n; ++i) w[i] = std::fabs(x[i]);
-      return;
-    case DType::Q3_K:
-    case DType::IQ4_XS:
-    case DType::IQ4_NL:
-    case DType::Q4_K:
-    case DType::Q5_K:  // per 32-weight sub-block: its RMS plus the weight's magnitude
-      for (int64_t j = 0; j + 32 <= n; j += 32) {
-        float sq = 0;
-        for (int64_t i = j; i < j + 32; ++i) sq += x[i] * x[i];
-        const float rms = std::sqrt(sq / 32);
-        for (int64_t i = j; i < j + 32; ++i) w[i] = rms + std::fabs(x[i]);
-      }
-      return;
-    default:
-      for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
+  if (t == DType::Q6_K) {
+    for (int64_t i = 0; i < n; ++i) w[i] = x[i] * x[i];
+    return;
   }
+  for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
 }
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* importance) {
