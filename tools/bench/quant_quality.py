@@ -116,7 +116,9 @@ def main():
                          "run spill's side only (after a change to spill's quantizer)")
     a = ap.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
+    commit = git_commit()  # at the start: the code that ran
     command = "python3 " + " ".join(shlex.quote(x) for x in sys.argv)
+    text_name = a.text
     os.makedirs(a.work, exist_ok=True)
     if a.chars:
         with open(a.text, encoding="utf-8") as f:
@@ -177,9 +179,9 @@ def main():
         out(f"- Date: {started:%Y-%m-%d %H:%M} UTC (run took "
             f"{(datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60:.0f} min)")
         out(f"- Machine: {machine()}")
-        out(f"- spill commit: {git_commit()}; llama.cpp: {version[0] if version else '?'} ({a.llama_bin})")
+        out(f"- spill commit: {commit}; llama.cpp: {version[0] if version else '?'} ({a.llama_bin})")
         out(f"- Model: {a.model}; llama.cpp's side starts from {a.bf16_gguf}")
-        out(f"- Text: {a.text}{f' (first {a.chars} characters, whole lines)' if a.chars else ''}; "
+        out(f"- Text: {text_name}{f' (first {a.chars} characters, whole lines)' if a.chars else ''}; "
             f"windows of {a.ctx} tokens, the second half of each scored; {bf16['n_scored']} scored tokens")
         out(f"- Command: `{command}`")
         if a.reuse_llama:
