@@ -240,7 +240,7 @@ TEST_P(ConvertedGguf, LogitsEqualTheSafetensorsOriginal) {
 INSTANTIATE_TEST_SUITE_P(Archs, ConvertedGguf, ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen3", "llama"));
 
 std::string spill_tiny_gguf() { return fmt::format("{}/spill-tiny-bf16.gguf", gguf_dir()); }
-std::string spill_tiny_dir() { return std::string(SPILL_SOURCE_DIR) + "/models/spill-tiny"; }
+std::string spill_tiny_dir() { return (fs::path(SPILL_SOURCE_DIR) / "models" / "spill-tiny").string(); }
 
 TEST(ConvertedGgufSpillTiny, LogitsEqualTheBundledModel) {
   REQUIRE_FILE(spill_tiny_gguf());
