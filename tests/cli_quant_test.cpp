@@ -73,7 +73,7 @@ TEST(CliQuant, InfoQuantReportsTypesAndFallbacks) {
   auto [status, text] = run(spill_bin() + " info --model " + tiny() + " --quant q4_k_m");
   ASSERT_EQ(status, 0) << text;
   // spill-tiny's experts are 128 wide: their down projection's rows are half a 256-block.
-  EXPECT_NE(text.find("experts expert down x64 (layers 0,1,3,4): Q4_K -> Q8_0"), std::string::npos) << text;
+  EXPECT_NE(text.find("experts expert down x64 (layers 0,1,3,4): Q4_K -> Q5_0"), std::string::npos) << text;
   EXPECT_NE(text.find("experts expert down x32 (layers 2,5): Q6_K -> Q8_0"), std::string::npos) << text;
   EXPECT_NE(text.find("Q4_K in layers 0,1,3,4; Q6_K in layers 2,5"), std::string::npos) << text;
   auto [s2, t2] = run(spill_bin() + " info --model " + tiny() + " --quant q4_k_m,experts=q9");
@@ -117,7 +117,7 @@ TEST(CliQuant, QuantizeThenDequantEqualsTheReference) {
   std::vector<Case> cases = {{"blk.2.attn_v.weight", spill::DType::Q6_K, {&src->layers[2].v}},
                              {"blk.0.attn_q.weight", spill::DType::Q4_K, {&src->layers[0].q}},
                              {"token_embd.weight", spill::DType::Q6_K, {&src->embed}}};
-  Case gate{"blk.1.ffn_gate_exps.weight", spill::DType::Q4_K, {}}, down{"blk.3.ffn_down_exps.weight", spill::DType::Q8_0, {}};
+  Case gate{"blk.1.ffn_gate_exps.weight", spill::DType::Q4_K, {}}, down{"blk.3.ffn_down_exps.weight", spill::DType::Q5_0, {}};
   for (const auto& e : src->layers[1].experts) gate.parts.push_back(&e.gate);
   for (const auto& e : src->layers[3].experts) down.parts.push_back(&e.down);
   cases.push_back(gate);

@@ -8,6 +8,7 @@
 // where absent; tools/gpu/convert_gguf.sh makes them, see /work/gguf/README.md).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "formats/gguf.h"
 #include "gguf_helpers.h"
 #include "model/model.h"
+#include "quant/quant_mix.h"
 #include "test_models.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -238,7 +240,7 @@ TEST_P(ConvertedGguf, LogitsEqualTheSafetensorsOriginal) {
 INSTANTIATE_TEST_SUITE_P(Archs, ConvertedGguf, ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen3", "llama"));
 
 std::string spill_tiny_gguf() { return fmt::format("{}/spill-tiny-bf16.gguf", gguf_dir()); }
-std::string spill_tiny_dir() { return std::string(SPILL_SOURCE_DIR) + "/models/spill-tiny"; }
+std::string spill_tiny_dir() { return (fs::path(SPILL_SOURCE_DIR) / "models" / "spill-tiny").string(); }
 
 TEST(ConvertedGgufSpillTiny, LogitsEqualTheBundledModel) {
   REQUIRE_FILE(spill_tiny_gguf());
@@ -250,6 +252,43 @@ TEST(ConvertedGgufSpillTiny, LogitsEqualTheBundledModel) {
   std::sort(b.begin(), b.end());
   EXPECT_EQ(a, b);
 }
+
+// llama-quantize's k-quant mixes of spill-tiny: its experts are 128 wide, so every mix stores the
+// routed experts' down projection (128-weight rows) in a legacy 32-weight type (Q4_0, Q5_0, Q5_1,
+// IQ4_NL) or Q8_0. Each file loads, every layer's experts have the type llama-quantize's mix gives
+// them (spill's preset table, itself checked against these files by quant_mix_llama_test), and the
+// forward gives finite logits. (Their logits against llama.cpp's: tools/llamacpp/README.md.)
+class LlamaQuantizedSpillTiny : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlamaQuantizedSpillTiny, LoadsWithLegacyFallbackTypesAndRuns) {
+  const std::string preset = GetParam();
+  std::string upper = preset;
+  for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+  const std::string path = fmt::format("{}/spill-tiny-{}.gguf", gguf_dir(), upper);
+  REQUIRE_FILE(path);
+  auto gg = Model::load(path);
+  const ModelSpec& sp = gg->spec();
+  const quant::MixModelShape shape{.n_layers = int32_t(sp.n_layers), .n_heads = int32_t(sp.n_heads),
+                                   .n_kv_heads = int32_t(sp.n_kv_heads), .n_experts = int32_t(sp.n_experts),
+                                   .tied_embeddings = gg->lm_head.data == gg->embed.data};
+  const quant::QuantMix mix = quant::parse_quant_mix(preset);
+  int legacy = 0;
+  for (int32_t l = 0; l < int32_t(sp.n_layers); ++l) {
+    const ExpertWeights& e = gg->layers[size_t(l)].experts.at(0);
+    const quant::TypeChoice want = quant::resolve_tensor_type(
+        mix, shape, {.kind = quant::TensorKind::FfnDown, .ffn = quant::FfnOwner::Routed, .layer = l, .cols = e.down.cols()});
+    EXPECT_EQ(dtype_name(e.down.dtype), dtype_name(want.type)) << path << " layer " << l;
+    EXPECT_EQ(dtype_block_elems(e.down.dtype), 32) << path << " layer " << l;
+    legacy += e.down.dtype != DType::Q8_0;
+  }
+  EXPECT_GT(legacy, 0) << path << ": no legacy 32-weight tensor";
+  const std::vector<float> logits = testing::all_logits(*gg, kIds);
+  ASSERT_EQ(logits.size(), kIds.size() * size_t(sp.vocab_size));
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v)) << path;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mixes, LlamaQuantizedSpillTiny,
+                         ::testing::Values("q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "iq4_xs"));
 
 // Awkward text: the tokenizer fixtures' cases plus code, whitespace runs, digits, CJK, emoji,
 // combining marks (NFC), special tokens written in the text, and lone surrogates' neighbours.

@@ -209,8 +209,10 @@ TEST(Gguf, BadTensorInfos) {
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {int64_t(1) << 40, int64_t(1) << 40}, 0, 0).align().zeros(32).b,
                     "'w'", "overflow");
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {4, INT64_MAX}, 0, 0).align().zeros(32).b, "overflow");
-  EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {32}, 2, 0).align().zeros(64).b, "'w'", "Q4_0",
+  EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {256}, 16, 0).align().zeros(96).b, "'w'", "IQ2_XXS",
                     "does not load");
+  // Q5_0 (ggml type 6) loads, in whole blocks of 32 only
+  EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {48}, 6, 0).align().zeros(64).b, "Q5_0", "whole blocks");
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {32}, 1234, 0).align().zeros(64).b, "1234", "unknown");
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {33}, 8, 0).align().zeros(64).b, "whole blocks");
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {16}, 0, 0).align().zeros(32).b, "'w'", "past its end");

@@ -20,7 +20,7 @@ const fs::path kShapes = fs::path(SPILL_TEST_DATA) / "shapes";
 //   block_q2_K: scales[16] + qs[64] + d, dmin (f16)             = 84
 //   block_q6_K: ql[128] + qh[64] + scales[16] + d (f16)         = 210
 // and per 32-weight block: block_q8_0: d (f16) + qs[32]         = 34
-constexpr int64_t kQ3K = 110, kQ2K = 84, kQ6K = 210, kQ8_0 = 34;
+constexpr int64_t kQ3K = 110, kQ2K = 84, kQ6K = 210, kQ8_0 = 34, kQ5_0 = 22;
 
 TensorClassTypes seed_mix(const char* experts) {
   return parse_tensor_class_types(std::string("experts=") + experts + ",attention=q8_0,embed=q8_0,head=q6_k,shared=q6_k");
@@ -124,10 +124,11 @@ TEST(PlacementMemory, RowsThatAreNotWholeBlocksFallBackAndSaySo) {
   // spill-tiny: hidden 256, expert width 128: down's rows (128 weights) are not whole Q4_K blocks.
   const ModelShape shape = load_model_shape((fs::path(SPILL_SOURCE_DIR) / "models/spill-tiny").string());
   const ModelBytes b = account_weights(shape, parse_tensor_class_types("experts=q4_k"));
-  // gate/up: 128 rows of 256 (one 144-byte Q4_K block); down: 256 rows of 128 (4 Q8_0 blocks).
-  EXPECT_EQ(b.routed_expert_bytes, 2 * 128 * 144 + 256 * 4 * kQ8_0);
+  // gate/up: 128 rows of 256 (one 144-byte Q4_K block); down: 256 rows of 128 (4 Q5_0 blocks, as
+  // llama-quantize falls back).
+  EXPECT_EQ(b.routed_expert_bytes, 2 * 128 * 144 + 256 * 4 * kQ5_0);
   ASSERT_EQ(b.notes.size(), 1u);
-  EXPECT_NE(b.notes[0].find("stored as Q8_0"), std::string::npos) << b.notes[0];
+  EXPECT_NE(b.notes[0].find("stored as Q5_0"), std::string::npos) << b.notes[0];
 }
 
 TEST(PlacementMemory, WorkspaceCountedByHand) {

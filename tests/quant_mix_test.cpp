@@ -65,13 +65,15 @@ TEST(QuantMix, RejectsBadSpecsClearly) {
   expect_error("q4_k_m,,experts=q3_k", "empty item");
 }
 
-// llama.cpp's fallback chain sends every 256-block type to a 32-block type (Q4_0/Q5_0/Q5_1/
-// IQ4_NL/Q8_0) and, when the row is not a multiple of 32 either, to F16. Q8_0 is the only 32-block
-// integer type spill stores, so it stands in for all of them.
+// llama.cpp's fallback chain (tensor_type_fallback in its src/llama-quant.cpp) sends each
+// 256-block type to a 32-block type and, when the row is not a multiple of 32 either, to F16.
 TEST(QuantMix, RowWidthFallback) {
-  for (DType t : {DType::Q6_K, DType::Q5_K, DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS}) {
+  const std::pair<DType, DType> chain[] = {{DType::Q6_K, DType::Q8_0}, {DType::Q5_K, DType::Q5_1},
+                                           {DType::Q4_K, DType::Q5_0}, {DType::Q3_K, DType::Q4_0},
+                                           {DType::Q2_K, DType::Q4_0}, {DType::IQ4_XS, DType::IQ4_NL}};
+  for (auto [t, small] : chain) {
     EXPECT_EQ(fallback_type(t, 512), t);
-    EXPECT_EQ(fallback_type(t, 128), DType::Q8_0);
+    EXPECT_EQ(fallback_type(t, 128), small) << dtype_name(t);
     EXPECT_EQ(fallback_type(t, 100), DType::F16);
   }
   EXPECT_EQ(fallback_type(DType::Q8_0, 96), DType::Q8_0);
@@ -84,7 +86,7 @@ TEST(QuantMix, RowWidthFallback) {
                                            {.kind = TensorKind::FfnGate, .ffn = FfnOwner::Routed, .layer = 1, .cols = 128});
   EXPECT_TRUE(c.fell_back());
   EXPECT_EQ(c.wanted, DType::Q4_K);
-  EXPECT_EQ(c.type, DType::Q8_0);
+  EXPECT_EQ(c.type, DType::Q5_0);
   EXPECT_NE(c.fallback_reason.find("128 columns"), std::string::npos) << c.fallback_reason;
 }
 
@@ -182,8 +184,8 @@ TEST(QuantizeOnLoad, EveryTensorIsQuantizeOfItsSourceRows) {
     }
     EXPECT_EQ(checked, report.n_tensors);
     EXPECT_EQ(fallbacks, report.n_fallbacks);
-    // The attention output reads q_dim = 128 columns: Q5_K does not fit, Q8_0 stands in.
-    EXPECT_EQ(model->layers[0].o.dtype, DType::Q8_0);
+    // The attention output reads q_dim = 128 columns: Q5_K does not fit, Q5_1 stands in.
+    EXPECT_EQ(model->layers[0].o.dtype, DType::Q5_1);
     EXPECT_EQ(model->layers[0].q.dtype, DType::Q5_K);
     if (tied) {
       EXPECT_EQ(model->lm_head.data, model->embed.data);

@@ -61,7 +61,8 @@ TEST_P(DequantizeFixture, BitExactAgainstGgufPy) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DequantizeFixture,
                          ::testing::Values(DType::F16, DType::BF16, DType::Q8_0, DType::Q6_K, DType::Q5_K,
-                                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4),
+                                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4,
+                                           DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL),
                          [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
 
 TEST(Dequantize, RejectsPartialBlocks) {
@@ -92,6 +93,11 @@ ScaleFields scale_fields(DType t) {
     case DType::Q3_K: return {{108}, 108, -1};
     case DType::Q2_K: return {{80, 82}, 80, 82};
     case DType::IQ4_XS: return {{0}, 0, -1};
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::IQ4_NL: return {{0}, 0, -1};
+    case DType::Q4_1:
+    case DType::Q5_1: return {{0, 2}, 0, 2};
     default: return {};
   }
 }
@@ -171,8 +177,9 @@ DotReference dot_reference(DType t, const std::vector<uint8_t>& row, const std::
   return {exact, (k + 2) * std::ldexp(1.0, -24) * magnitude};
 }
 
-const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,   DType::Q6_K, DType::Q5_K,
-                           DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16,   DType::Q8_0,  DType::Q6_K, DType::Q5_K,
+                           DType::Q4_K, DType::Q3_K,  DType::Q2_K,   DType::IQ4_XS, DType::MXFP4, DType::Q4_0,
+                           DType::Q4_1, DType::Q5_0,  DType::Q5_1,   DType::IQ4_NL};
 
 class DotTest : public ::testing::TestWithParam<DType> {};
 
@@ -256,7 +263,8 @@ TEST(ActivationsQ8, RoundingIsWithinHalfAStep) {
   EXPECT_THROW(spill::quant::quantize_activations_q8(zeros.data(), 48, a), spill::Error);
 }
 
-const DType kQ8Types[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K, DType::Q4_K};
+const DType kQ8Types[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K, DType::Q4_K,  DType::Q4_0,
+                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL};
 
 class DotQ8Test : public ::testing::TestWithParam<DType> {};
 
@@ -367,8 +375,16 @@ TEST(Dot, ReportsItsKernelPath) {
 
 namespace {
 
-const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
-                             DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K, DType::Q4_K,   DType::Q3_K,
+                             DType::Q2_K, DType::IQ4_XS, DType::MXFP4, DType::Q4_0, DType::Q4_1,
+                             DType::Q5_0, DType::Q5_1, DType::IQ4_NL};
+
+// What quantize_row minimises without an importance row.
+std::vector<float> default_weights(DType t, const std::vector<float>& x) {
+  std::vector<float> w(x.size());
+  spill::quant::default_error_weights(t, x.data(), int64_t(x.size()), w.data());
+  return w;
+}
 
 double weighted_sq_error(DType t, const std::vector<float>& x, const std::vector<uint8_t>& q, const float* imp) {
   std::vector<float> y(x.size());
@@ -394,8 +410,9 @@ TEST_P(QuantizeTest, ImportanceLowersTheWeightedError) {
   spill::quant::quantize_row(t, x.data(), plain.data(), n);
   spill::quant::quantize_row(t, x.data(), weighted.data(), n, imp.data());
   EXPECT_LT(weighted_sq_error(t, x, weighted, imp.data()), weighted_sq_error(t, x, plain, imp.data()));
-  EXPECT_LT(weighted_sq_error(t, x, plain, nullptr), weighted_sq_error(t, x, weighted, nullptr))
-      << "without importance the plain error should be the one minimised";
+  const std::vector<float> dw = default_weights(t, x);
+  EXPECT_LT(weighted_sq_error(t, x, plain, dw.data()), weighted_sq_error(t, x, weighted, dw.data()))
+      << "without importance the default-weighted error should be the one minimised";
 }
 
 // A row that some block encodes exactly (here: the dequantized values of a quantized row) must
@@ -411,7 +428,8 @@ TEST_P(QuantizeTest, RequantizingADequantizedRowLosesAlmostNothing) {
   spill::quant::quantize_row(t, x.data(), q.data(), n);
   spill::quant::dequantize_row(t, q.data(), y.data(), n);
   spill::quant::quantize_row(t, y.data(), q2.data(), n);
-  const double first = weighted_sq_error(t, x, q, nullptr), again = weighted_sq_error(t, y, q2, nullptr);
+  const std::vector<float> wx = default_weights(t, x), wy = default_weights(t, y);
+  const double first = weighted_sq_error(t, x, q, wx.data()), again = weighted_sq_error(t, y, q2, wy.data());
   EXPECT_LT(again, 0.05 * first) << "re-quantizing values on the grid should nearly reproduce them";
 }
 

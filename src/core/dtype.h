@@ -24,8 +24,16 @@ enum class DType : uint8_t {
   Q2_K,    // 256 weights: 2-bit, 16 x (4-bit scale, 4-bit min), f16 scale and min
   IQ4_XS,  // 256 weights: 4-bit indices into a non-linear table, 8 x 6-bit scales, f16 super-scale
   MXFP4,   // 32 weights: e8m0 shared exponent + 32 x fp4 (e2m1), as gpt-oss stores its experts
+  // ggml's legacy 32-weight formats: what llama-quantize's k-quant mixes store a row in when its
+  // width is not a multiple of 256 (Q4_K -> Q5_0, Q5_K -> Q5_1, Q3_K/Q2_K -> Q4_0, IQ4_XS ->
+  // IQ4_NL), and what many published GGUFs contain. (Appended: the ids above are stable.)
+  Q4_0,    // 32 weights: f16 scale + 32 x 4-bit (w = d * (q - 8))
+  Q4_1,    // 32 weights: f16 scale and min + 32 x 4-bit (w = d * q + m)
+  Q5_0,    // 32 weights: f16 scale + 32 x 5-bit (4 low bits + a 32-bit high-bit word; w = d * (q - 16))
+  Q5_1,    // 32 weights: f16 scale and min + 32 x 5-bit (w = d * q + m)
+  IQ4_NL,  // 32 weights: f16 scale + 32 x 4-bit indices into IQ4_XS's non-linear table
 };
-constexpr int kNumDTypes = 11;
+constexpr int kNumDTypes = 16;
 
 struct DTypeTraits {
   std::string_view name;  // as spill and ggml print it: "F32", "Q4_K", ...
@@ -40,6 +48,8 @@ constexpr DTypeTraits kDTypeTraits[kNumDTypes] = {
     {"Q8_0", 32, 34, 8, false},   {"Q6_K", 256, 210, 14, false}, {"Q5_K", 256, 176, 13, false},
     {"Q4_K", 256, 144, 12, false}, {"Q3_K", 256, 110, 11, false}, {"Q2_K", 256, 84, 10, false},
     {"IQ4_XS", 256, 136, 23, false}, {"MXFP4", 32, 17, 39, false},
+    {"Q4_0", 32, 18, 2, false},    {"Q4_1", 32, 20, 3, false},    {"Q5_0", 32, 22, 6, false},
+    {"Q5_1", 32, 24, 7, false},    {"IQ4_NL", 32, 18, 20, false},
 };
 
 constexpr const DTypeTraits& dtype_traits(DType t) { return kDTypeTraits[static_cast<int>(t)]; }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "quant/quant_mix.h"
 
 namespace spill::placement {
 
@@ -89,7 +90,7 @@ TensorClassTypes parse_tensor_class_types(std::string_view text, std::string_vie
     DType d;
     if (!parse_dtype_name(type_name, d))
       fail("{}: unknown type \"{}\" in \"{}\"; types are F32, F16, BF16, Q8_0, Q6_K, Q5_K, Q4_K, Q3_K, Q2_K, IQ4_XS, "
-           "MXFP4",
+           "MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL",
            flag, type_name, item);
     t.types[size_t(cls)] = d;
   }
@@ -105,10 +106,6 @@ std::string format_tensor_class_types(const TensorClassTypes& types) {
   return out;
 }
 
-DType storage_type(DType wanted, int64_t cols) {
-  if (row_fits(wanted, cols)) return wanted;
-  if (row_fits(DType::Q8_0, cols) && !dtype_is_float(wanted)) return DType::Q8_0;
-  return DType::F16;
-}
+DType storage_type(DType wanted, int64_t cols) { return quant::fallback_type(wanted, cols); }
 
 }  // namespace spill::placement

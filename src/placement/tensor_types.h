@@ -49,8 +49,8 @@ TensorClassTypes parse_tensor_class_types(std::string_view text, std::string_vie
 std::string format_tensor_class_types(const TensorClassTypes& types);
 
 // The type a matrix with rows of `cols` weights is actually stored in: `wanted` when the row is a
-// whole number of its blocks, else Q8_0 (32-weight blocks), else F16, as llama.cpp falls back for
-// rows that do not divide into 256-weight k-quant blocks.
+// whole number of its blocks, else llama.cpp's 32-weight fallback type, else F16
+// (quant::fallback_type: the one rule quantize-on-load and `spill quantize` use too).
 DType storage_type(DType wanted, int64_t cols);
 
 }  // namespace spill::placement

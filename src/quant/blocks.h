@@ -55,6 +55,32 @@ struct BlockMXFP4 {
   uint8_t qs[16];  // e2m1 codes: low nibbles are weights 0..15, high nibbles 16..31
 };
 
+// The legacy 32-weight formats. Quant l (0..31) of a block: its low 4 bits are the low nibble of
+// qs[l] for l < 16 and the high nibble of qs[l - 16] otherwise; Q5's fifth bit is bit l of qh
+// (read as a little-endian 32-bit word).
+struct BlockQ4_0 {
+  uint16_t d;      // f16: w = d * (q - 8)
+  uint8_t qs[16];
+};
+struct BlockQ4_1 {
+  uint16_t d, m;   // f16: w = d * q + m
+  uint8_t qs[16];
+};
+struct BlockQ5_0 {
+  uint16_t d;      // f16: w = d * (q - 16)
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockQ5_1 {
+  uint16_t d, m;   // f16: w = d * q + m
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockIQ4_NL {
+  uint16_t d;      // f16: w = d * kIq4nlValues[q]
+  uint8_t qs[16];
+};
+
 template <class Block>
 constexpr bool block_matches(DType t) {
   return sizeof(Block) == size_t(dtype_traits(t).block_bytes);
@@ -67,6 +93,11 @@ static_assert(block_matches<BlockQ3_K>(DType::Q3_K));
 static_assert(block_matches<BlockQ2_K>(DType::Q2_K));
 static_assert(block_matches<BlockIQ4_XS>(DType::IQ4_XS));
 static_assert(block_matches<BlockMXFP4>(DType::MXFP4));
+static_assert(block_matches<BlockQ4_0>(DType::Q4_0));
+static_assert(block_matches<BlockQ4_1>(DType::Q4_1));
+static_assert(block_matches<BlockQ5_0>(DType::Q5_0));
+static_assert(block_matches<BlockQ5_1>(DType::Q5_1));
+static_assert(block_matches<BlockIQ4_NL>(DType::IQ4_NL));
 
 // The 16 levels of IQ4_NL / IQ4_XS.
 inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -118,6 +149,11 @@ inline void pack_scales_q3(const uint8_t s[16], uint8_t q[12]) {
     else q[k - 8] |= uint8_t((s[k] & 0xF) << 4);
     q[8 + k % 4] |= uint8_t(((s[k] >> 4) & 3) << (2 * (k / 4)));
   }
+}
+
+// Q5_0 / Q5_1: the 32 fifth bits, bit l for quant l.
+inline uint32_t q5_high_bits(const uint8_t qh[4]) {
+  return uint32_t(qh[0]) | (uint32_t(qh[1]) << 8) | (uint32_t(qh[2]) << 16) | (uint32_t(qh[3]) << 24);
 }
 
 // IQ4_XS: sub-block j's 6-bit scale (offset by 32).

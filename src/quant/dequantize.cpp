@@ -130,6 +130,36 @@ void dequantize_mxfp4(const BlockMXFP4* b, float* y, int64_t nb) {
   }
 }
 
+// The legacy 32-weight formats: quant l's low nibble is qs[l % 16]'s low (l < 16) or high nibble,
+// its fifth bit (Q5_*) bit l of qh. Without a min w = d * (q - offset), with one w = d * q + m.
+template <class Block, bool kFiveBit, bool kMin>
+void dequantize_legacy(const Block* b, float* y, int64_t nb) {
+  constexpr int kOffset = kMin ? 0 : (kFiveBit ? 16 : 8);
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = f16_to_f32(b[i].d);
+    float m = 0.0f;
+    if constexpr (kMin) m = f16_to_f32(b[i].m);
+    uint32_t high = 0;
+    if constexpr (kFiveBit) high = q5_high_bits(b[i].qh);
+    for (int l = 0; l < 32; ++l) {
+      int q = l < 16 ? (b[i].qs[l] & 0xF) : (b[i].qs[l - 16] >> 4);
+      if constexpr (kFiveBit) q |= int((high >> l) & 1) << 4;
+      if constexpr (kMin) y[l] = float(q) * d + m;
+      else y[l] = float(q - kOffset) * d;
+    }
+  }
+}
+
+void dequantize_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = f16_to_f32(b[i].d);
+    for (int l = 0; l < 16; ++l) {
+      y[l] = d * float(kIq4nlValues[b[i].qs[l] & 0xF]);
+      y[l + 16] = d * float(kIq4nlValues[b[i].qs[l] >> 4]);
+    }
+  }
+}
+
 }  // namespace
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
@@ -163,6 +193,11 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q2_K: dequantize_q2_k(blocks_of<BlockQ2_K>(src), dst, nb); break;
     case DType::IQ4_XS: dequantize_iq4_xs(blocks_of<BlockIQ4_XS>(src), dst, nb); break;
     case DType::MXFP4: dequantize_mxfp4(blocks_of<BlockMXFP4>(src), dst, nb); break;
+    case DType::Q4_0: dequantize_legacy<BlockQ4_0, false, false>(blocks_of<BlockQ4_0>(src), dst, nb); break;
+    case DType::Q4_1: dequantize_legacy<BlockQ4_1, false, true>(blocks_of<BlockQ4_1>(src), dst, nb); break;
+    case DType::Q5_0: dequantize_legacy<BlockQ5_0, true, false>(blocks_of<BlockQ5_0>(src), dst, nb); break;
+    case DType::Q5_1: dequantize_legacy<BlockQ5_1, true, true>(blocks_of<BlockQ5_1>(src), dst, nb); break;
+    case DType::IQ4_NL: dequantize_iq4_nl(blocks_of<BlockIQ4_NL>(src), dst, nb); break;
   }
 }
 

@@ -12,6 +12,10 @@
 // reduce(min0 + min1), reduce summing lanes i and i+8, then i and i+4, i and i+2, 0 and 1.
 // Dequantized weight d_j * q - m_j times x, summed: the same value, rounded differently.
 //
+// The legacy 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) are sub-blocks of 32 in the
+// same scheme, blocks alternating between the two chains as Q8_0's do; Q4_1/Q5_1's "+ m" is the
+// min term with -m (negating is exact).
+//
 // For F32/F16/BF16 the order is the one the CPU backend has always used: lanes 0-15 and 16-31 of
 // each 32-weight chunk fused-multiply-added into A and B, then (A.lo + A.hi) + (B.lo + B.hi)
 // reduced over 8 lanes as above, then the tail (n % 32) added one fma at a time.
@@ -130,6 +134,21 @@ inline void add_if_bit32(const uint8_t* p, int bit, int8_t if_set, int8_t if_cle
   store32(q, _mm256_add_epi8(load32(q), add));
 }
 // q[l] = table[p[l] & 15], q[l + 16] = table[p[l] >> 4] for 16 bytes p
+// q[l] = table[nibble l of p] + (bit l of bits ? if_set : 0), for the 32 quants of a legacy block
+// (nibble l: the low nibble of p[l] for l < 16, the high one of p[l - 16]), in registers and
+// stored once. The bit of byte l: byte l / 8 of the broadcast word, tested against bit l % 8.
+inline void lut_nibbles16_add_bits(const uint8_t* p, const int8_t* table, uint32_t bits, int8_t if_set, int8_t* q) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(table));
+  const __m256i vals = _mm256_set_m128i(_mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(v, 4), m)),
+                                        _mm_shuffle_epi8(t, _mm_and_si128(v, m)));
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i w = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)), spread);
+  const __m256i mask = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(w, mask), mask);
+  store32(q, _mm256_add_epi8(vals, _mm256_and_si256(set, _mm256_set1_epi8(if_set))));
+}
 inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0F);
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(table));
@@ -158,6 +177,10 @@ inline void add_if_bit32(const uint8_t* p, int bit, int8_t if_set, int8_t if_cle
 }
 inline void lut_nibbles16(const uint8_t* p, const int8_t* table, int8_t* q) {
   for (int l = 0; l < 16; ++l) q[l] = table[p[l] & 0xF], q[l + 16] = table[p[l] >> 4];
+}
+inline void lut_nibbles16_add_bits(const uint8_t* p, const int8_t* table, uint32_t bits, int8_t if_set, int8_t* q) {
+  lut_nibbles16(p, table, q);
+  for (int l = 0; l < 32; ++l) q[l] = int8_t(q[l] + (((bits >> l) & 1) ? if_set : 0));
 }
 #endif
 
@@ -328,6 +351,58 @@ inline float dot_mxfp4(const void* row, const float* x, int64_t n) {
   return finish<false>(a);
 }
 
+// ---- the legacy 32-weight formats ------------------------------------------------------
+// A block's 32 quants as signed values (the offset taken off, or the IQ4_NL level) and its scale
+// and min term (the dequantized weight is d * q - m).
+inline constexpr int8_t kNibbleMinus8[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+inline constexpr int8_t kNibbleMinus16[16] = {-16, -15, -14, -13, -12, -11, -10, -9,
+                                              -8,  -7,  -6,  -5,  -4,  -3,  -2,  -1};
+inline constexpr int8_t kNibble[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+inline void unpack_legacy(const BlockQ4_0& b, int8_t* q, float& d, float&) {
+  lut_nibbles16(b.qs, kNibbleMinus8, q);
+  d = half(b.d);
+}
+inline void unpack_legacy(const BlockQ4_1& b, int8_t* q, float& d, float& m) {
+  lut_nibbles16(b.qs, kNibble, q);
+  d = half(b.d);
+  m = -half(b.m);
+}
+inline void unpack_legacy(const BlockQ5_0& b, int8_t* q, float& d, float&) {
+  lut_nibbles16_add_bits(b.qs, kNibbleMinus16, q5_high_bits(b.qh), 16, q);
+  d = half(b.d);
+}
+inline void unpack_legacy(const BlockQ5_1& b, int8_t* q, float& d, float& m) {
+  lut_nibbles16_add_bits(b.qs, kNibble, q5_high_bits(b.qh), 16, q);
+  d = half(b.d);
+  m = -half(b.m);
+}
+inline void unpack_legacy(const BlockIQ4_NL& b, int8_t* q, float& d, float&) {
+  lut_nibbles16(b.qs, kIq4nlValues, q);
+  d = half(b.d);
+}
+
+template <class Block, bool kMin>
+inline float dot_legacy(const void* row, const float* x, int64_t n) {
+  const Block* b = static_cast<const Block*>(row);
+  Acc a;
+  alignas(32) int8_t q[64];
+  float d0 = 0, m0 = 0, d1 = 0, m1 = 0;
+  const int64_t nb = n / 32;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    unpack_legacy(b[i], q, d0, m0);
+    unpack_legacy(b[i + 1], q + 32, d1, m1);
+    accumulate<32, kMin, 0>(a, q, x + 32 * i, d0, m0);
+    accumulate<32, kMin, 1>(a, q + 32, x + 32 * (i + 1), d1, m1);
+  }
+  if (i < nb) {
+    unpack_legacy(b[i], q, d0, m0);
+    accumulate<32, kMin, 0>(a, q, x + 32 * i, d0, m0);
+  }
+  return finish<kMin>(a);
+}
+
 inline float dot_any(DType t, const void* row, const float* x, int64_t n) {
   switch (t) {
     case DType::F32: {
@@ -352,6 +427,11 @@ inline float dot_any(DType t, const void* row, const float* x, int64_t n) {
     case DType::Q2_K: return dot_super_blocks<BlockQ2_K, 16, true>(row, x, n, [](const BlockQ2_K& b, Unpacked& u) { unpack_q2_k(b, u); });
     case DType::IQ4_XS: return dot_super_blocks<BlockIQ4_XS, 32, false>(row, x, n, [](const BlockIQ4_XS& b, Unpacked& u) { unpack_iq4_xs(b, u); });
     case DType::MXFP4: return dot_mxfp4(row, x, n);
+    case DType::Q4_0: return dot_legacy<BlockQ4_0, false>(row, x, n);
+    case DType::Q4_1: return dot_legacy<BlockQ4_1, true>(row, x, n);
+    case DType::Q5_0: return dot_legacy<BlockQ5_0, false>(row, x, n);
+    case DType::Q5_1: return dot_legacy<BlockQ5_1, true>(row, x, n);
+    case DType::IQ4_NL: return dot_legacy<BlockIQ4_NL, false>(row, x, n);
   }
   return 0.0f;
 }

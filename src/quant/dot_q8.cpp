@@ -50,6 +50,36 @@ float combine_q8_0(const detail::Q8Kernels& k, const void* row, const Activation
   return total;
 }
 
+// The legacy 32-weight formats as Q8_0: per activation block of 256, the 8 weight blocks' d_w *
+// sum (plus, for Q4_1/Q5_1, m_w * the sum of the block's 32 activation quants) summed, then scaled
+// by d_x and added to the total.
+template <class Block, bool kMin>
+float combine_legacy(void (*kernel)(const Block*, const int8_t*, int64_t, int32_t*), const void* row,
+                     const ActivationsQ8& a) {
+  const Block* w = static_cast<const Block*>(row);
+  const int64_t nb = a.n / 32;
+  int32_t sums[kChunk];
+  float total = 0.0f, inner = 0.0f;
+  for (int64_t c = 0; c < nb; c += kChunk) {
+    const int64_t len = std::min(kChunk, nb - c);
+    kernel(w + c, a.q.data() + 32 * c, len, sums);
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t b = c + i;
+      float block = half(w[b].d) * float(sums[i]);
+      if constexpr (kMin) {
+        const int32_t qsum = int32_t(a.sum16[size_t(2 * b)]) + int32_t(a.sum16[size_t(2 * b + 1)]);
+        block = block + half(w[b].m) * float(qsum);
+      }
+      inner += block;
+      if (b % 8 == 7 || b == nb - 1) {
+        total += a.d[size_t(b / 8)] * inner;
+        inner = 0.0f;
+      }
+    }
+  }
+  return total;
+}
+
 template <class Block, bool kMin, class Kernel>
 float combine_k(Kernel kernel, const void* row, const ActivationsQ8& a) {
   const Block* w = static_cast<const Block*>(row);
@@ -79,6 +109,11 @@ float dot_q8_with(const detail::Q8Kernels& k, DType t, const void* row, const Ac
     case DType::Q4_K: return combine_k<BlockQ4_K, true>(k.q4_k, row, a);
     case DType::Q5_K: return combine_k<BlockQ5_K, true>(k.q5_k, row, a);
     case DType::Q6_K: return combine_k<BlockQ6_K, false>(k.q6_k, row, a);
+    case DType::Q4_0: return combine_legacy<BlockQ4_0, false>(k.q4_0, row, a);
+    case DType::Q4_1: return combine_legacy<BlockQ4_1, true>(k.q4_1, row, a);
+    case DType::Q5_0: return combine_legacy<BlockQ5_0, false>(k.q5_0, row, a);
+    case DType::Q5_1: return combine_legacy<BlockQ5_1, true>(k.q5_1, row, a);
+    case DType::IQ4_NL: return combine_legacy<BlockIQ4_NL, false>(k.iq4_nl, row, a);
     default: fail("{} has no int8-activation dot product; use quant::dot (f32 activations)", dtype_name(t));
   }
 }
@@ -129,7 +164,11 @@ void quantize_activations_q8(const float* x, int64_t n, ActivationsQ8& out) {
 }
 
 bool has_dot_q8(DType t) {
-  return t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+  switch (t) {
+    case DType::Q8_0: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::IQ4_NL: return true;
+    default: return false;
+  }
 }
 
 bool prefer_dot_q8(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }

@@ -110,9 +110,74 @@ void q6_k(const BlockQ6_K* w, const int8_t* q, const int16_t* s16, int64_t nb, i
   }
 }
 
+// ---- the legacy 32-weight formats ----
+// The 32 quants of a block as bytes, in weight order: the 16 low nibbles, then the 16 high ones.
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+// 16 in byte l where bit l of the block's qh word is set (byte l holds qh byte l / 8, tested
+// against bit l % 8).
+inline __m256i fifth_bits(const uint8_t* qh) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(int(q5_high_bits(qh))), spread);
+  const __m256i mask = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask), _mm256_set1_epi8(16));
+}
+
+// Signed values v (|v| <= 127) times int8 activations, in int32 pairs of pairs (as q8_0's).
+inline __m256i signed_products(__m256i v, const int8_t* q) {
+  const __m256i x = load32(q);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v)), _mm256_set1_epi16(1));
+}
+// Unsigned values u (<= 31) times int8 activations.
+inline __m256i unsigned_products(__m256i u, const int8_t* q) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(q)), _mm256_set1_epi16(1));
+}
+
+template <class Block, class Products>
+void legacy(const Block* w, const int8_t* q, int64_t nb, int32_t* out, Products products) {
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4, q += 128) {  // four blocks' sums per horizontal add, as q8_0
+    const __m256i p0 = products(w[i], q), p1 = products(w[i + 1], q + 32);
+    const __m256i p2 = products(w[i + 2], q + 64), p3 = products(w[i + 3], q + 96);
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), s);
+  }
+  for (; i < nb; ++i, q += 32) out[i] = hsum(products(w[i], q));
+}
+
+void q4_0(const BlockQ4_0* w, const int8_t* q, int64_t nb, int32_t* out) {
+  legacy(w, q, nb, out, [](const BlockQ4_0& b, const int8_t* x) {
+    return signed_products(_mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)), x);
+  });
+}
+void q4_1(const BlockQ4_1* w, const int8_t* q, int64_t nb, int32_t* out) {
+  legacy(w, q, nb, out, [](const BlockQ4_1& b, const int8_t* x) { return unsigned_products(nibbles32(b.qs), x); });
+}
+void q5_0(const BlockQ5_0* w, const int8_t* q, int64_t nb, int32_t* out) {
+  legacy(w, q, nb, out, [](const BlockQ5_0& b, const int8_t* x) {
+    const __m256i v = _mm256_or_si256(nibbles32(b.qs), fifth_bits(b.qh));
+    return signed_products(_mm256_sub_epi8(v, _mm256_set1_epi8(16)), x);
+  });
+}
+void q5_1(const BlockQ5_1* w, const int8_t* q, int64_t nb, int32_t* out) {
+  legacy(w, q, nb, out, [](const BlockQ5_1& b, const int8_t* x) {
+    return unsigned_products(_mm256_or_si256(nibbles32(b.qs), fifth_bits(b.qh)), x);
+  });
+}
+void iq4_nl(const BlockIQ4_NL* w, const int8_t* q, int64_t nb, int32_t* out) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  legacy(w, q, nb, out, [&](const BlockIQ4_NL& b, const int8_t* x) {
+    return signed_products(_mm256_shuffle_epi8(table, nibbles32(b.qs)), x);
+  });
+}
+
 }  // namespace
 
-const Q8Kernels kQ8Avx2 = {q8_0, q4_k, q5_k, q6_k};
+const Q8Kernels kQ8Avx2 = {q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl};
 
 }  // namespace spill::quant::detail
 

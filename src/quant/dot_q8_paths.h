@@ -13,12 +13,23 @@ namespace spill::quant::detail {
 //   q8_0: out[i]  = sum_l w[i].qs[l] q[32 i + l]                              (nb blocks of 32)
 //   q4_k, q5_k: out[2 i] = sum_j sc_j sum_l q_jl x_jl, out[2 i + 1] = sum_j m_j sum_l x_jl
 //   q6_k: out[i]  = sum_j sc_j sum_l (q_jl - 32) x_jl                           (nb blocks of 256)
-// with sc_j, m_j the 6-bit (Q6_K: signed 8-bit) sub-block scales and mins. All exact in int32.
+// with sc_j, m_j the 6-bit (Q6_K: signed 8-bit) sub-block scales and mins, and for the legacy
+// 32-weight formats (nb blocks of 32)
+//   q4_0, q5_0, iq4_nl: out[i] = sum_l v_l q[32 i + l], v_l the signed value (quant - 8, quant - 16,
+//                       the IQ4_NL level)
+//   q4_1, q5_1:         out[i] = sum_l u_l q[32 i + l], u_l the unsigned quant (the min is applied
+//                       by the caller, from the activations' per-16 sums)
+// All exact in int32.
 struct Q8Kernels {
   void (*q8_0)(const BlockQ8_0* w, const int8_t* q, int64_t nb, int32_t* out);
   void (*q4_k)(const BlockQ4_K* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out);
   void (*q5_k)(const BlockQ5_K* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out);
   void (*q6_k)(const BlockQ6_K* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out);
+  void (*q4_0)(const BlockQ4_0* w, const int8_t* q, int64_t nb, int32_t* out);
+  void (*q4_1)(const BlockQ4_1* w, const int8_t* q, int64_t nb, int32_t* out);
+  void (*q5_0)(const BlockQ5_0* w, const int8_t* q, int64_t nb, int32_t* out);
+  void (*q5_1)(const BlockQ5_1* w, const int8_t* q, int64_t nb, int32_t* out);
+  void (*iq4_nl)(const BlockIQ4_NL* w, const int8_t* q, int64_t nb, int32_t* out);
 };
 
 extern const Q8Kernels kQ8Scalar;

@@ -63,8 +63,35 @@ void q6_k(const BlockQ6_K* w, const int8_t* q, const int16_t* s16, int64_t nb, i
   }
 }
 
+// The legacy 32-weight formats: quant l is the low (l < 16) or high nibble of qs[l % 16], plus 16
+// where bit l of qh is set (Q5_*); kOffset is taken off (Q4_0, Q5_0), or the IQ4_NL table applied.
+template <class Block, bool kFiveBit, int kOffset, bool kTable = false>
+void legacy(const Block* w, const int8_t* q, int64_t nb, int32_t* out) {
+  for (int64_t i = 0; i < nb; ++i, q += 32) {
+    uint32_t high = 0;
+    if constexpr (kFiveBit) high = q5_high_bits(w[i].qh);
+    int32_t s = 0;
+    for (int l = 0; l < 32; ++l) {
+      int32_t v = l < 16 ? (w[i].qs[l] & 0xF) : (w[i].qs[l - 16] >> 4);
+      if constexpr (kFiveBit) v |= int32_t((high >> l) & 1) << 4;
+      if constexpr (kTable) v = kIq4nlValues[v];
+      else v -= kOffset;
+      s += v * int32_t(q[l]);
+    }
+    out[i] = s;
+  }
+}
+
+void q4_0(const BlockQ4_0* w, const int8_t* q, int64_t nb, int32_t* out) { legacy<BlockQ4_0, false, 8>(w, q, nb, out); }
+void q4_1(const BlockQ4_1* w, const int8_t* q, int64_t nb, int32_t* out) { legacy<BlockQ4_1, false, 0>(w, q, nb, out); }
+void q5_0(const BlockQ5_0* w, const int8_t* q, int64_t nb, int32_t* out) { legacy<BlockQ5_0, true, 16>(w, q, nb, out); }
+void q5_1(const BlockQ5_1* w, const int8_t* q, int64_t nb, int32_t* out) { legacy<BlockQ5_1, true, 0>(w, q, nb, out); }
+void iq4_nl(const BlockIQ4_NL* w, const int8_t* q, int64_t nb, int32_t* out) {
+  legacy<BlockIQ4_NL, false, 0, true>(w, q, nb, out);
+}
+
 }  // namespace
 
-const Q8Kernels kQ8Scalar = {q8_0, q4_k, q5_k, q6_k};
+const Q8Kernels kQ8Scalar = {q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl};
 
 }  // namespace spill::quant::detail

@@ -22,10 +22,18 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 // Quantizes n floats (a whole number of blocks) into dst (row_bytes(t, n) bytes). importance, when
 // given, holds n non-negative weights (a row of an importance matrix: mean squared activation per
 // input column) that the scale search minimises the weighted squared error under; without it the
-// plain squared error is minimised. F32/F16/BF16 round to nearest (even). Throws spill::Error for
+// error is weighted by default_error_weights. F32/F16/BF16 round to nearest (even). Throws spill::Error for
 // non-finite weights, negative or non-finite importance, or a block whose scale overflows f16.
 // Cost: roughly ggml's own quantizer (tens of microseconds per 256 weights for the k-quants).
 void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* importance = nullptr);
+
+// The error weights quantize_row uses without an importance row: x^2 for Q6_K (larger weights
+// count more, as in ggml's Q6_K reference quantizer), 1 (the plain squared error) for every other
+// format. Chosen by KL divergence on spill-tiny (docs/perf/quant-quality-2026-12-01.md): at Q6_K
+// the plain fit, though of lower RMSE, gave more KL divergence than ggml's quantizer and the x^2
+// weighting less; magnitude weights for the other k-quants and IQ4 (|x|, sub-block RMS + |x|)
+// gave more KL divergence than the plain fit at Q4_K_M and Q3_K_M.
+void default_error_weights(DType t, const float* x, int64_t n, float* w);
 
 // sum_i dequantize(row)[i] * x[i] over n weights, with f32 activations, accumulated in an order that
 // depends on n alone (never on the batch or the thread), so a token's result is batch-invariant.
@@ -89,12 +97,14 @@ struct ActivationsQ8 {
 // its storage. Throws spill::Error for a non-finite activation or n not a multiple of 32.
 void quantize_activations_q8(const float* x, int64_t n, ActivationsQ8& out);
 
-// The formats dot_q8 has an integer kernel for (Q8_0, Q4_K, Q6_K, Q5_K). The others keep dot().
+// The formats dot_q8 has an integer kernel for (Q8_0, Q4_K, Q6_K, Q5_K, and the legacy Q4_0,
+// Q4_1, Q5_0, Q5_1, IQ4_NL). The others keep dot().
 bool has_dot_q8(DType t);
 // The formats the CPU matmul takes dot_q8 for by default (Q4_K, Q5_K, Q6_K: 1.5-3x their f32
 // kernels). Q8_0 stays on f32: its f32 kernel is already one convert and one fma per weight, and
 // its q8 kernel measured slower (docs/perf/cpu-q8-activations-2026-12-01.md); it now sums four
-// blocks per horizontal add and is still to be re-measured.
+// blocks per horizontal add and is still to be re-measured. The legacy 32-weight formats stay on
+// f32 too: their q8 kernels measured no faster on AVX2 (docs/perf/quant-speed-legacy-2026-12-01.md).
 bool prefer_dot_q8(DType t);
 
 // sum_i dequantize(row)[i] * x'_i over a.n weights (see the accuracy contract above). Throws

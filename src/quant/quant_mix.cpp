@@ -186,7 +186,7 @@ QuantMix parse_quant_mix(std::string_view spec) {
       DType t;
       if (!parse_dtype_name(type, t))
         fail("--quant '{}': '{}' is not a type (types: f32, f16, bf16, q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs, "
-             "mxfp4)",
+             "mxfp4, q4_0, q4_1, q5_0, q5_1, iq4_nl)",
              spec, type);
       auto& slot = mix.class_type[it - std::begin(kClassNames)];
       if (slot) fail("--quant '{}': the class '{}' is given twice", spec, cls);
@@ -218,8 +218,18 @@ std::optional<TensorClass> tensor_class(const TensorSlot& t, const MixModelShape
 
 DType fallback_type(DType wanted, int64_t cols) {
   if (row_fits(wanted, cols)) return wanted;
-  if (!dtype_is_float(wanted) && row_fits(DType::Q8_0, cols)) return DType::Q8_0;
-  return DType::F16;
+  // llama.cpp's tensor_type_fallback: the 32-weight format of about the same bits per weight.
+  DType small = DType::F16;
+  switch (wanted) {
+    case DType::Q2_K:
+    case DType::Q3_K: small = DType::Q4_0; break;
+    case DType::Q4_K: small = DType::Q5_0; break;
+    case DType::Q5_K: small = DType::Q5_1; break;
+    case DType::Q6_K: small = DType::Q8_0; break;
+    case DType::IQ4_XS: small = DType::IQ4_NL; break;
+    default: break;  // 32-weight and float types: nothing smaller to fall back to
+  }
+  return row_fits(small, cols) ? small : DType::F16;
 }
 
 TypeChoice resolve_tensor_type(const QuantMix& mix, const MixModelShape& shape, const TensorSlot& slot) {

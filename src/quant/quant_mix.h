@@ -81,9 +81,10 @@ std::optional<TensorClass> tensor_class(const TensorSlot& slot, const MixModelSh
 
 TypeChoice resolve_tensor_type(const QuantMix& mix, const MixModelShape& shape, const TensorSlot& slot);
 
-// The row-width fallback alone: `wanted` if cols is a whole number of its blocks, else the type
-// spill stores instead (Q8_0 for every 256-block type when cols is a multiple of 32 — llama.cpp
-// picks Q4_0/Q5_0/Q5_1/IQ4_NL, which spill does not store — and F16 otherwise, as llama.cpp).
+// The row-width fallback alone: `wanted` if cols is a whole number of its blocks, else the
+// 32-weight type llama-quantize stores instead (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
+// Q6_K -> Q8_0, IQ4_XS -> IQ4_NL), and F16 when that does not fit either (cols not a multiple of
+// 32) or `wanted` is already a 32-weight or float type.
 DType fallback_type(DType wanted, int64_t cols);
 
 }  // namespace spill::quant

@@ -53,6 +53,8 @@ const Levels kLinear4u{16, 0};
 const Levels kLinear3{8, -4};
 const Levels kLinear2u{4, 0};
 const Levels kIq4{16, 0, kIq4nlValues};
+const Levels kLinear4{16, -8};
+const Levels kLinear5{32, -16};
 // kFp4Values sorted (its two zeros are one level) and the codes that store them.
 constexpr int8_t kFp4Sorted[15] = {-12, -8, -6, -4, -3, -2, -1, 0, 1, 2, 3, 4, 6, 8, 12};
 constexpr uint8_t kFp4Codes[15] = {15, 14, 13, 12, 11, 10, 9, 0, 1, 2, 3, 4, 5, 6, 7};
@@ -166,7 +168,9 @@ float fit_scale(const float* x, const float* w, int n, const Levels& lv, int ntr
 // Step 1 for scale-and-min sub-blocks: x ~ s * q - m with q in [0, qmax], s, m >= 0. Candidates
 // spread the range [min(x, 0), max(x)] over qmax - 1 to qmax + 1 steps, each refined by least
 // squares on its levels (twice).
-void fit_scale_min(const float* x, const float* w, int n, const Levels& lv, float& s_out, float& m_out) {
+// With free_min (Q4_1, Q5_1: w = d q + m with m of either sign) the min is not held at m >= 0.
+void fit_scale_min(const float* x, const float* w, int n, const Levels& lv, float& s_out, float& m_out,
+                   bool free_min = false) {
   float lo = x[0], hi = x[0];
   float sw = 0, swx = 0;
   for (int i = 0; i < n; ++i) {
@@ -175,7 +179,7 @@ void fit_scale_min(const float* x, const float* w, int n, const Levels& lv, floa
     sw += w[i];
     swx += w[i] * x[i];
   }
-  lo = std::min(lo, 0.0f);
+  if (!free_min) lo = std::min(lo, 0.0f);
   if (hi == lo) {
     s_out = 0;
     m_out = -lo;
@@ -193,7 +197,7 @@ void fit_scale_min(const float* x, const float* w, int n, const Levels& lv, floa
       if (D <= 0) return;
       double ns = (double(sw) * st.sxl - double(swx) * st.sl) / D;
       double b = (double(st.sll) * swx - double(st.sl) * st.sxl) / D;  // x ~ ns * l + b, b = -m
-      if (b > 0) {
+      if (b > 0 && !free_min) {
         b = 0;
         ns = double(st.sxl) / st.sll;
       }
@@ -416,6 +420,80 @@ void quantize_q8_0_block(const float* x, const float* w, BlockQ8_0& b) {
   for (int l = 0; l < 32; ++l) b.qs[l] = int8_t(int(idx[l]) - 128);
 }
 
+// Q4_0, Q5_0, IQ4_NL: one f16 scale per 32 weights, as Q8_0, over 16 or 32 levels.
+template <class Block>
+void quantize_scaled32_block(const float* x, const float* w, const Levels& lv, DType t, Block& b) {
+  const float s = fit_scale(x, w, 32, lv, 7);
+  check_f16_range(s, t);
+  const uint16_t h = f32_to_f16(s);
+  float best = std::numeric_limits<float>::infinity();
+  uint16_t best_h = h;
+  for (int delta = -2; delta <= 2; ++delta) {
+    const uint16_t c = uint16_t(h + delta);
+    if (((c ^ h) & 0x8000) || ((c >> 10) & 0x1F) == 0x1F) continue;  // same sign, finite
+    const float e = fit_error(x, w, 32, f16_to_f32(c), 0, lv);
+    if (e < best) best = e, best_h = c;
+  }
+  uint8_t idx[32];
+  assign_levels(x, 32, f16_to_f32(best_h), 0, lv, idx);
+  std::memset(&b, 0, sizeof b);
+  b.d = best_h;
+  for (int l = 0; l < 16; ++l) b.qs[l] = uint8_t((lv.stored(idx[l]) & 0xF) | ((lv.stored(idx[l + 16]) & 0xF) << 4));
+  if constexpr (requires { b.qh; }) {
+    uint32_t high = 0;
+    for (int l = 0; l < 32; ++l) high |= uint32_t(lv.stored(idx[l]) >> 4) << l;
+    for (int k = 0; k < 4; ++k) b.qh[k] = uint8_t(high >> (8 * k));
+  }
+}
+
+// Q4_1, Q5_1: an f16 scale and an f16 min (of either sign) per 32 weights, w = d q + m. The fitted
+// pair, and the least-squares pair for the quants it rounds to, are each tried with their f16
+// neighbours, every candidate's quants re-rounded and its error computed as dequantized.
+template <class Block>
+void quantize_affine32_block(const float* x, const float* w, const Levels& lv, DType t, Block& b) {
+  float s, neg_m;  // x ~ s * q - neg_m
+  fit_scale_min(x, w, 32, lv, s, neg_m, /*free_min=*/true);
+  check_f16_range(s, t);
+  check_f16_range(neg_m, t);
+  float best = std::numeric_limits<float>::infinity();
+  uint16_t best_d = 0, best_m = 0;
+  auto try_around = [&](float d, float m) {
+    const uint16_t hd = f32_to_f16(d), hm = f32_to_f16(m);
+    for (int dd = -1; dd <= 1; ++dd)
+      for (int dm = -1; dm <= 1; ++dm) {
+        const uint16_t cd = uint16_t(hd + dd), cm = uint16_t(hm + dm);
+        if (((cd ^ hd) & 0x8000) || ((cd >> 10) & 0x1F) == 0x1F) continue;
+        if (((cm ^ hm) & 0x8000) || ((cm >> 10) & 0x1F) == 0x1F) continue;
+        const float e = fit_error(x, w, 32, f16_to_f32(cd), -f16_to_f32(cm), lv);
+        if (e < best) best = e, best_d = cd, best_m = cm;
+      }
+  };
+  try_around(s, -neg_m);
+  // Least squares for (d, m) on the quants the best pair gives, then its neighbours too.
+  uint8_t idx[32];
+  assign_levels(x, 32, f16_to_f32(best_d), -f16_to_f32(best_m), lv, idx);
+  double sw = 0, sq = 0, sqq = 0, sx = 0, sxq = 0;
+  for (int l = 0; l < 32; ++l) {
+    const double q = lv.value(idx[l]);
+    sw += w[l], sq += w[l] * q, sqq += w[l] * q * q, sx += w[l] * x[l], sxq += w[l] * x[l] * q;
+  }
+  const double D = sw * sqq - sq * sq;
+  if (D > 0) {
+    const double d = (sw * sxq - sq * sx) / D, m = (sqq * sx - sq * sxq) / D;
+    if (std::fabs(d) <= kF16Max && std::fabs(m) <= kF16Max && d >= 0) try_around(float(d), float(m));
+  }
+  assign_levels(x, 32, f16_to_f32(best_d), -f16_to_f32(best_m), lv, idx);
+  std::memset(&b, 0, sizeof b);
+  b.d = best_d;
+  b.m = best_m;
+  for (int l = 0; l < 16; ++l) b.qs[l] = uint8_t((idx[l] & 0xF) | ((idx[l + 16] & 0xF) << 4));
+  if constexpr (requires { b.qh; }) {
+    uint32_t high = 0;
+    for (int l = 0; l < 32; ++l) high |= uint32_t(idx[l] >> 4) << l;
+    for (int k = 0; k < 4; ++k) b.qh[k] = uint8_t(high >> (8 * k));
+  }
+}
+
 // MXFP4: the shared exponent that rounds the block best, among those near its largest weight's.
 void quantize_mxfp4_block(const float* x, const float* w, BlockMXFP4& b) {
   float amax = 0;
@@ -441,7 +519,21 @@ void quantize_super(DType t, const SuperSpec& sp, const float* x, const float* w
   for (int64_t i = 0; i < n / kSuperBlock; ++i) pack(fit_super_block(sp, x + i * kSuperBlock, w + i * kSuperBlock, t), b[i]);
 }
 
+template <class Block, class Fit>
+void quantize_blocks32(const float* x, const float* w, void* dst, int64_t n, Fit fit) {
+  Block* b = static_cast<Block*>(dst);
+  for (int64_t i = 0; i < n / 32; ++i) fit(x + 32 * i, w + 32 * i, b[i]);
+}
+
 }  // namespace
+
+void default_error_weights(DType t, const float* x, int64_t n, float* w) {
+  if (t == DType::Q6_K) {
+    for (int64_t i = 0; i < n; ++i) w[i] = x[i] * x[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
+}
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* importance) {
   if (!row_fits(t, n))
@@ -471,6 +563,12 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* 
   // unweighted (any fit is as good as any other for it, and the least-squares steps need a weight).
   const int64_t be = dtype_block_elems(t);
   std::vector<float> weights(size_t(n), 1.0f);
+  std::vector<float> emphasis;
+  if (!importance) {
+    emphasis.resize(size_t(n));
+    default_error_weights(t, src, n, emphasis.data());
+    importance = emphasis.data();
+  }
   if (importance)
     for (int64_t b0 = 0; b0 < n; b0 += be) {
       double sum = 0;
@@ -489,6 +587,21 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* 
       for (int64_t i = 0; i < n / 32; ++i) quantize_mxfp4_block(src + 32 * i, w + 32 * i, b[i]);
       return;
     }
+    case DType::Q4_0: quantize_blocks32<BlockQ4_0>(src, w, dst, n, [&](const float* x, const float* wx, BlockQ4_0& b) {
+      quantize_scaled32_block(x, wx, kLinear4, t, b);
+    }); return;
+    case DType::Q5_0: quantize_blocks32<BlockQ5_0>(src, w, dst, n, [&](const float* x, const float* wx, BlockQ5_0& b) {
+      quantize_scaled32_block(x, wx, kLinear5, t, b);
+    }); return;
+    case DType::IQ4_NL: quantize_blocks32<BlockIQ4_NL>(src, w, dst, n, [&](const float* x, const float* wx, BlockIQ4_NL& b) {
+      quantize_scaled32_block(x, wx, kIq4, t, b);
+    }); return;
+    case DType::Q4_1: quantize_blocks32<BlockQ4_1>(src, w, dst, n, [&](const float* x, const float* wx, BlockQ4_1& b) {
+      quantize_affine32_block(x, wx, kLinear4u, t, b);
+    }); return;
+    case DType::Q5_1: quantize_blocks32<BlockQ5_1>(src, w, dst, n, [&](const float* x, const float* wx, BlockQ5_1& b) {
+      quantize_affine32_block(x, wx, kLinear5u, t, b);
+    }); return;
     case DType::Q6_K: quantize_super<BlockQ6_K>(t, kQ6K, src, w, dst, n, pack_q6_k); return;
     case DType::Q5_K: quantize_super<BlockQ5_K>(t, kQ5K, src, w, dst, n, pack_q45_k<true, BlockQ5_K>); return;
     case DType::Q4_K: quantize_super<BlockQ4_K>(t, kQ4K, src, w, dst, n, pack_q45_k<false, BlockQ4_K>); return;

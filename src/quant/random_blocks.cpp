@@ -111,6 +111,30 @@ void fill_block(DType t, uint8_t* b, Rng& rng) {
       q->e = uint8_t(118 + rng.next() % 5);  // 2^-9 .. 2^-5 per half-unit: |w| <= 12 * 2^-6
       break;
     }
+    case DType::Q4_0:
+    case DType::IQ4_NL: {  // d, then 16 bytes of nibbles
+      const float max_q = t == DType::Q4_0 ? 8.0f : 127.0f;
+      const uint16_t d = f16(rng.uniform(0.5f, 1.0f) * 0.1f / max_q);
+      std::memcpy(b, &d, 2);
+      rng.bytes(b + 2, 16);
+      break;
+    }
+    case DType::Q5_0: {
+      auto* q = reinterpret_cast<BlockQ5_0*>(b);
+      rng.bytes(q->qh, sizeof q->qh);
+      rng.bytes(q->qs, sizeof q->qs);
+      q->d = f16(rng.uniform(0.5f, 1.0f) * 0.1f / 16.0f);
+      break;
+    }
+    case DType::Q4_1:
+    case DType::Q5_1: {  // d, m, then (qh and) qs; w = d q + m in [-0.05, 0.05]-ish
+      const float max_q = t == DType::Q4_1 ? 15.0f : 31.0f;
+      uint16_t* dm = reinterpret_cast<uint16_t*>(b);
+      dm[0] = f16(rng.uniform(0.5f, 1.0f) * 0.1f / max_q);
+      dm[1] = f16(-rng.uniform(0.5f, 1.0f) * 0.05f);
+      rng.bytes(b + 4, size_t(dtype_traits(t).block_bytes - 4));
+      break;
+    }
   }
 }
 

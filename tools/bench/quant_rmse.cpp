@@ -9,11 +9,13 @@
 // Links ggml from a llama.cpp build; tools/bench/build_quant_rmse.sh builds it.
 #include <time.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ggml.h"
@@ -31,7 +33,20 @@ const Case kCases[] = {
     {DType::Q8_0, GGML_TYPE_Q8_0}, {DType::Q6_K, GGML_TYPE_Q6_K},     {DType::Q5_K, GGML_TYPE_Q5_K},
     {DType::Q4_K, GGML_TYPE_Q4_K}, {DType::Q3_K, GGML_TYPE_Q3_K},     {DType::Q2_K, GGML_TYPE_Q2_K},
     {DType::IQ4_XS, GGML_TYPE_IQ4_XS}, {DType::MXFP4, GGML_TYPE_MXFP4},
+    {DType::Q4_0, GGML_TYPE_Q4_0},     {DType::Q4_1, GGML_TYPE_Q4_1},     {DType::Q5_0, GGML_TYPE_Q5_0},
+    {DType::Q5_1, GGML_TYPE_Q5_1},     {DType::IQ4_NL, GGML_TYPE_IQ4_NL},
 };
+
+// Whether `name` is one of the comma-separated names of `list` (every name when list is empty).
+bool selected(std::string_view list, std::string_view name) {
+  if (list.empty()) return true;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    if (list.substr(at, end - at) == name) return true;
+    at = end + 1;
+  }
+  return false;
+}
 
 double weighted_rmse(const std::vector<float>& x, const std::vector<float>& y, const float* imp, int64_t cols) {
   double num = 0, den = 0;
@@ -59,6 +74,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 64, cols = 4096;
+  // argv[2], optional: the types to run, comma-separated as spill names them ("Q4_0,IQ4_NL").
+  const std::string only = argc > 2 ? argv[2] : "";
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::student_t_distribution<float> heavy(3.0f);
@@ -73,6 +90,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   bool all_exact = true, all_no_worse = true;
   for (const Case& c : kCases) {
+    if (!selected(only, spill::dtype_name(c.type))) continue;
     const size_t row_bytes = size_t(spill::row_bytes(c.type, cols));
     for (int data = 0; data < 2; ++data) {
       const std::vector<float>& x = data ? tailed : gaussian;

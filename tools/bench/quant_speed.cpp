@@ -5,11 +5,12 @@
 // exceed the last-level cache), on 1 and on every hardware thread. Rates are given per wall
 // second and per CPU second per thread (the machine may be shared; see process_cpu_seconds).
 //
-// Block formats the matmul gives int8 activations (quant::prefer_dot_q8) are measured twice: with f32
-// activations (quant::dot, the exact reference) and with int8 activations (quant::dot_q8, the
-// matmul's default; the per-token rounding is inside the timed matmul).
+// Block formats with an int8-activation kernel (quant::has_dot_q8) are measured twice: with f32
+// activations (quant::dot, the exact reference) and with int8 activations (quant::dot_q8; the
+// per-token rounding is inside the timed matmul). "(default)" marks the one the matmul takes
+// (quant::prefer_dot_q8).
 //
-// Build: cmake --build build --target quant_speed; run: build/quant_speed [seconds-per-case]
+// Build: cmake --build build --target quant_speed; run: build/quant_speed [seconds-per-case] [TYPE,TYPE,...]
 #include <immintrin.h>
 #include <time.h>
 
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -30,6 +32,17 @@ namespace {
 
 using spill::DType;
 using Clock = std::chrono::steady_clock;
+
+// Whether `name` is one of the comma-separated names of `list` (every name when list is empty).
+bool selected(std::string_view list, std::string_view name) {
+  if (list.empty()) return true;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    if (list.substr(at, end - at) == name) return true;
+    at = end + 1;
+  }
+  return false;
+}
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -87,7 +100,25 @@ struct Result {
   Rate batch16;    // 16 tokens at once, in cache: G(weight x token) per second, in Rate's GB/s fields
 };
 
-Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t K, double min_seconds, size_t stream_bytes) {
+// What spill::cpu::matmul does for a prefer_dot_q8 format (each token's activations rounded
+// once, then dot_q8 per row), for the formats it does not take that path for.
+void matmul_q8(spill::ThreadPool& pool, const float* x, int64_t n, const spill::TensorView& w, float* y) {
+  const int64_t M = w.rows(), K = w.cols();
+  static std::vector<spill::quant::ActivationsQ8> acts;
+  if (acts.size() < size_t(n)) acts.resize(size_t(n));
+  for (int64_t t = 0; t < n; ++t) spill::quant::quantize_activations_q8(x + t * K, K, acts[size_t(t)]);
+  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t t = 0; t < n; ++t) y[t * M + m] = spill::quant::dot_q8(w.dtype, w.row_data(m), acts[size_t(t)]);
+  });
+}
+
+Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t K, double min_seconds, size_t stream_bytes,
+               bool force_q8) {
+  auto mm = [&](const float* x, int64_t n, const spill::TensorView& w, float* y) {
+    if (force_q8) matmul_q8(pool, x, n, w, y);
+    else spill::cpu::matmul(pool, x, n, w, y);
+  };
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   const int64_t rb = spill::row_bytes(t, K);
@@ -116,14 +147,14 @@ Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t
   Result r;
   // In cache: the same matrix again and again. Streamed: each matmul a different matrix.
   r.hot = best_rate(min_seconds, threads, double(8 * mat_bytes), [&] {
-    for (int rep = 0; rep < 8; ++rep) spill::cpu::matmul(pool, x.data(), 1, view_of(0), y.data());
+    for (int rep = 0; rep < 8; ++rep) mm(x.data(), 1, view_of(0), y.data());
   });
   r.cold = best_rate(min_seconds, threads, double(n_mats * mat_bytes), [&] {
-    for (size_t i = 0; i < n_mats; ++i) spill::cpu::matmul(pool, x.data(), 1, view_of(i), y.data());
+    for (size_t i = 0; i < n_mats; ++i) mm(x.data(), 1, view_of(i), y.data());
   });
   // Prefill-like: 16 tokens through the same matrix (weight-token products per second).
   r.batch16 = best_rate(min_seconds, threads, double(M * K * kBatch), [&] {
-    spill::cpu::matmul(pool, x.data(), kBatch, view_of(0), y.data());
+    mm(x.data(), kBatch, view_of(0), y.data());
   });
   return r;
 }
@@ -132,6 +163,8 @@ Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t
 
 int main(int argc, char** argv) {
   const double secs = argc > 1 ? std::atof(argv[1]) : 0.5;
+  // argv[2], optional: the types to run, comma-separated as spill names them ("Q8_0,Q4_0").
+  const std::string only = argc > 2 ? argv[2] : "";
   const int64_t M = 2048, K = 768;
   const size_t stream_bytes = size_t(256) << 20;  // well past the last-level cache
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -140,7 +173,8 @@ int main(int argc, char** argv) {
   std::printf("dot kernels: %s; matrix %lld x %lld; streaming set %zu MiB\n\n", spill::quant::cpu_kernel_path(),
               (long long)M, (long long)K, stream_bytes >> 20);
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,   DType::Q6_K, DType::Q5_K,
-                         DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+                         DType::Q4_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4, DType::Q4_0,
+                         DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL};
   for (int threads : {1, hw}) {
     spill::ThreadPool pool(threads);
     const Rate bw = read_bandwidth(pool, threads, buf, secs);
@@ -150,12 +184,16 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|---|---|\n");
     for (DType t : types)
     for (auto mode : {spill::cpu::ActivationMode::F32, spill::cpu::ActivationMode::Q8}) {
-      if (mode == spill::cpu::ActivationMode::Q8 && !spill::quant::prefer_dot_q8(t)) continue;  // the matmul's q8 formats
+      if (!selected(only, spill::dtype_name(t))) continue;
+      const bool q8 = mode == spill::cpu::ActivationMode::Q8;
+      if (q8 && !spill::quant::has_dot_q8(t)) continue;
       spill::cpu::set_activation_mode(mode);
-      const Result r = measure(pool, threads, t, M, K, secs, stream_bytes);
+      const Result r = measure(pool, threads, t, M, K, secs, stream_bytes, q8 && !spill::quant::prefer_dot_q8(t));
       const double bpw = spill::dtype_bits_per_weight(t);
-      std::printf("| %s | %s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f | %.2f |\n",
-                  std::string(spill::dtype_name(t)).c_str(), spill::cpu::activation_mode_name(mode), bpw, r.hot.wall, r.hot.cpu, r.cold.wall, r.cold.cpu,
+      const bool is_default = q8 == spill::quant::prefer_dot_q8(t);
+      std::printf("| %s | %s%s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f | %.2f |\n",
+                  std::string(spill::dtype_name(t)).c_str(), spill::cpu::activation_mode_name(mode),
+                  is_default ? " (default)" : "", bpw, r.hot.wall, r.hot.cpu, r.cold.wall, r.cold.cpu,
                   100 * r.cold.cpu / bw.cpu, r.cold.cpu * 8 / bpw, r.batch16.cpu);
       std::fflush(stdout);
     }

@@ -1,7 +1,9 @@
 // Greedy decoding with llama.cpp's library, token ids in and out, to compare spill's greedy tokens
 // with llama.cpp's on the same GGUF file:
-//   greedy_ids FILE.gguf N_NEW ID,ID,...   -> prints the prompt ids followed by N_NEW greedy ids
-// and then, per generated position, the top logit and the margin to the runner-up.
+//   greedy_ids FILE.gguf N_NEW ID,ID,... [LOGITS.f32]
+// prints the prompt ids followed by N_NEW greedy ids and then, per generated position, the top
+// logit and the margin to the runner-up; with LOGITS.f32, also writes llama.cpp's full logits of
+// each generated position there (N_NEW x n_vocab little-endian float32, no header).
 // Build against a llama.cpp checkout (see tools/llamacpp/README.md).
 #include <cstdio>
 #include <cstdlib>
@@ -11,8 +13,8 @@
 #include "llama.h"
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s FILE.gguf N_NEW ID,ID,...\n", argv[0]);
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: %s FILE.gguf N_NEW ID,ID,... [LOGITS.f32]\n", argv[0]);
     return 2;
   }
   std::vector<llama_token> ids;
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   std::vector<llama_token> all = ids;
   std::vector<std::pair<float, float>> margins;
+  std::vector<float> all_logits;
   llama_batch batch = llama_batch_get_one(all.data(), int32_t(all.size()));
   for (int step = 0; step < n_new; ++step) {
     if (llama_decode(ctx, batch) != 0) return 1;
@@ -44,12 +47,18 @@ int main(int argc, char** argv) {
     for (int v = 0; v < n_vocab; ++v)
       if (v != best && logits[v] > second) second = logits[v];
     margins.push_back({logits[best], logits[best] - second});
+    all_logits.insert(all_logits.end(), logits, logits + n_vocab);
     all.push_back(best);
     batch = llama_batch_get_one(&all.back(), 1);
   }
   for (size_t i = 0; i < all.size(); ++i) std::printf("%s%d", i ? "," : "", all[i]);
   std::printf("\n");
   for (auto [top, margin] : margins) std::printf("%.5f %.5f\n", top, margin);
+  if (argc == 5) {
+    FILE* f = std::fopen(argv[4], "wb");
+    if (!f || std::fwrite(all_logits.data(), sizeof(float), all_logits.size(), f) != all_logits.size()) return 1;
+    std::fclose(f);
+  }
   llama_free(ctx);
   llama_model_free(model);
   return 0;
