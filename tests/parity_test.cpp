@@ -200,12 +200,12 @@ TEST(ParityFixtures, Present) {
   const auto cases = parity_cases();
   ASSERT_FALSE(cases.empty()) << kParityDir << " has no fixtures: run tools/fixtures/make_parity_fixtures.py "
                               << "(needs torch + transformers; see tools/README.md)";
-  for (const char* arch : {"qwen3_moe", "mixtral", "olmoe", "qwen3", "llama"}) {
+  for (const char* arch : {"qwen3_moe", "mixtral", "olmoe", "qwen3", "llama", "gpt_oss", "deepseek_v3", "glm4_moe"}) {
     bool found = false;
     for (const auto& c : cases) found |= c.rfind(arch, 0) == 0;
     EXPECT_TRUE(found) << "no parity fixture for " << arch;
   }
-  for (const char* layout : {"per_expert", "fused"}) {
+  for (const char* layout : {"per_expert", "fused", "mxfp4"}) {
     bool found = false;
     for (const auto& c : cases) found |= c.find(layout) != std::string::npos;
     EXPECT_TRUE(found) << "no parity fixture with the " << layout << " expert layout";
