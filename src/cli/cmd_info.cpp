@@ -10,6 +10,7 @@
 #include "cli/model_options.h"
 #include "model/model.h"
 #include "model/quantize_on_load.h"
+#include "model/runner.h"
 
 namespace spill::cli {
 
@@ -116,14 +117,20 @@ void run_info(const ModelFlags& flags) {
   int64_t expert_bytes = 0;
   for (size_t l = 0; l < model->layers.size(); ++l) {
     const LayerWeights& w = model->layers[l];
-    for (const TensorView* t : {&w.q, &w.k, &w.v, &w.o, &w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias})
+    for (const TensorView* t : {&w.q, &w.k, &w.v, &w.o, &w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias, &w.sinks,
+                                &w.mla.q_a, &w.mla.q_b, &w.mla.q, &w.mla.kv_a, &w.mla.kv_b, &w.mla.o})
       tally.add("attention", *t);
-    for (const TensorView* t : {&w.attn_norm, &w.mlp_norm, &w.q_norm, &w.k_norm}) tally.add("norms", *t);
+    for (const TensorView* t : {&w.attn_norm, &w.mlp_norm, &w.q_norm, &w.k_norm, &w.mla.q_a_norm, &w.mla.kv_a_norm})
+      tally.add("norms", *t);
     for (const TensorView* t : {&w.dense.gate, &w.dense.up, &w.dense.down}) tally.add("dense MLP", *t);
-    tally.add("router", w.router);
+    for (const TensorView* t : {&w.shared.gate, &w.shared.up, &w.shared.down}) tally.add("shared experts", *t);
+    for (const TensorView* t : {&w.router, &w.router_bias, &w.router_correction_bias}) tally.add("router", *t);
     for (const ExpertWeights& e : w.experts) {
-      for (const TensorView* t : {&e.gate, &e.up, &e.down}) tally.add("routed experts", *t);
-      if (!expert_bytes) expert_bytes = int64_t(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes());
+      for (const TensorView* t : {&e.gate, &e.up, &e.down, &e.gate_bias, &e.up_bias, &e.down_bias})
+        tally.add("routed experts", *t);
+      if (!expert_bytes)
+        for (const TensorView* t : {&e.gate, &e.up, &e.down, &e.gate_bias, &e.up_bias, &e.down_bias})
+          expert_bytes += t->empty() ? 0 : int64_t(t->nbytes());
     }
   }
   int64_t total_params = 0, total_bytes = 0;
@@ -139,6 +146,12 @@ void run_info(const ModelFlags& flags) {
     fmt::print("experts        {} routed per MoE layer, top-{}, {} MoE layers of {}, expert width {}{}\n",
                s.n_experts, s.n_experts_per_token, s.n_moe_layers(), s.n_layers, s.moe_intermediate_size,
                s.norm_topk_prob ? ", top-k renormalised" : "");
+  if (s.attention == AttentionKind::Mla)
+    fmt::print("attention      MLA: q_lora_rank {}, kv_lora_rank {}, rope {} / nope {} / v {} per head\n", s.mla.q_lora_rank,
+               s.mla.kv_lora_rank, s.mla.qk_rope_head_dim, s.mla.qk_nope_head_dim, s.mla.v_head_dim);
+  fmt::print("KV cache       {} values per token per layer ({}), {} bytes per token in f32 over {} layers\n",
+             s.kv_values_per_token(), s.attention == AttentionKind::Mla ? "latent + rope key" : "K + V",
+             cpu_kv_bytes_per_block(s, 1), s.n_layers);
   fmt::print("parameters     {:.3f} M total, {:.3f} M active per token\n", total_params / 1e6, active / 1e6);
   fmt::print("weights        {} ({} bytes)\n\n", human_bytes(total_bytes), total_bytes);
   fmt::print("{:<16} {:>14} {:>14} {:>7}\n", "tensor class", "parameters", "bytes", "share");

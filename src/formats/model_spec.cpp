@@ -21,8 +21,17 @@ const char* arch_name(Arch arch) {
     case Arch::Qwen3Moe: return "qwen3_moe";
     case Arch::Mixtral: return "mixtral";
     case Arch::Olmoe: return "olmoe";
+    case Arch::GptOss: return "gpt_oss";
+    case Arch::DeepseekV3: return "deepseek_v3";
+    case Arch::Glm4Moe: return "glm4_moe";
   }
   return "?";
+}
+
+double ModelSpec::softmax_scale() const {
+  if (attention_scale > 0) return attention_scale;
+  const int64_t d = attention == AttentionKind::Mla ? mla.qk_head_dim() : head_dim;
+  return 1.0 / std::sqrt(double(d));
 }
 
 namespace {
@@ -110,6 +119,94 @@ struct Fields {
   }
 };
 
+MlaSpec parse_mla(const Fields& f, const std::string& where) {
+  MlaSpec m;
+  m.q_lora_rank = f.count("q_lora_rank", 0, kMaxWidth, 0);  // null: no q compression
+  m.kv_lora_rank = f.count("kv_lora_rank", 1, kMaxWidth);
+  m.qk_nope_head_dim = f.count("qk_nope_head_dim", 0, kMaxWidth);
+  m.qk_rope_head_dim = f.count("qk_rope_head_dim", 2, kMaxWidth);
+  m.v_head_dim = f.count("v_head_dim", 1, kMaxWidth);
+  if (m.qk_rope_head_dim % 2 != 0) fail("{}: qk_rope_head_dim ({}) must be even", where, m.qk_rope_head_dim);
+  return m;
+}
+
+// gpt-oss: every layer MoE, top-k over the router logits then softmax over the k, the clamped
+// SwiGLU with biases, attention sinks and biases, sliding and full layers.
+void parse_gpt_oss(const json& config, const Fields& f, const std::string& where, ModelSpec& s) {
+  s.n_experts = f.count("num_local_experts", 1, kMaxExperts);
+  s.n_experts_per_token = f.has("num_experts_per_tok") ? f.integer("num_experts_per_tok") : f.integer("experts_per_token");
+  s.moe_intermediate_size = s.intermediate_size;
+  s.layer_is_moe.assign(size_t(s.n_layers), true);
+  s.router.kind = RouterKind::TopKSoftmax;
+  s.router_bias = true;
+  s.expert_bias = true;
+  s.expert_activation = MlpActivation::ClampedSwiGLU;
+  s.swiglu_alpha = 1.702;  // fixed in gpt-oss (not in its config)
+  s.swiglu_limit = f.number("swiglu_limit", 7.0);
+  if (!(s.swiglu_limit > 0)) fail("{}: swiglu_limit must be positive, got {}", where, s.swiglu_limit);
+  s.attention_sinks = true;
+  s.attention_bias = f.boolean("attention_bias", true);
+  s.attention_out_bias = s.attention_bias;
+  s.sliding_window = f.count("sliding_window", 0, kMaxPositions, 0);
+  s.layer_is_sliding.assign(size_t(s.n_layers), false);
+  if (f.has("layer_types")) {
+    const json& types = config["layer_types"];
+    if (!types.is_array() || int64_t(types.size()) != s.n_layers)
+      fail("{}: field 'layer_types' must list one type per layer ({} layers)", where, s.n_layers);
+    for (size_t i = 0; i < types.size(); ++i) {
+      const std::string t = types[i].is_string() ? types[i].get<std::string>() : "";
+      if (t == "sliding_attention") s.layer_is_sliding[i] = true;
+      else if (t != "full_attention")
+        fail("{}: layer_types[{}] is {}; expected \"sliding_attention\" or \"full_attention\"", where, i,
+             describe_json(types[i]));
+    }
+  } else {
+    for (int64_t i = 0; i < s.n_layers; ++i) s.layer_is_sliding[size_t(i)] = i % 2 == 0;  // transformers' default
+  }
+  if (f.has("quantization_config")) {
+    const json& q = config["quantization_config"];
+    const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+                                   ? q["quant_method"].get<std::string>() : "";
+    if (method != "mxfp4")
+      fail("{}: quantization_config.quant_method {} is not supported for gpt_oss (spill reads mxfp4 experts)", where,
+           method.empty() ? std::string("(missing)") : "'" + method + "'");
+  }
+}
+
+// DeepSeek-V3 / Kimi-K2 / GLM-4.x MoE: routed experts from layer first_k_dense_replace on, shared
+// experts beside them, the sigmoid router with group-limited choice and a correction bias.
+void parse_sigmoid_moe(const Fields& f, const std::string& where, ModelSpec& s) {
+  s.n_experts = f.count("n_routed_experts", 1, kMaxExperts);
+  s.n_experts_per_token = f.integer("num_experts_per_tok");
+  s.moe_intermediate_size = f.count("moe_intermediate_size", 1, kMaxWidth);
+  s.n_shared_experts = f.count("n_shared_experts", 0, kMaxExperts, 0);
+  s.norm_topk_prob = f.boolean("norm_topk_prob", false);
+  const std::string topk_method = f.string("topk_method", "noaux_tc");
+  if (topk_method != "noaux_tc")
+    fail("{}: topk_method '{}' is not supported (spill routes DeepSeek-V3 / GLM models with 'noaux_tc')", where,
+         topk_method);
+  const std::string scoring = f.string("scoring_func", "sigmoid");
+  if (scoring != "sigmoid") fail("{}: scoring_func '{}' is not supported (expected 'sigmoid')", where, scoring);
+  s.router.kind = RouterKind::SigmoidGrouped;
+  s.router.correction_bias = true;
+  s.router.n_group = f.count("n_group", 1, kMaxExperts, 1);
+  s.router.topk_group = f.count("topk_group", 1, kMaxExperts, 1);
+  s.router.routed_scaling_factor = f.number("routed_scaling_factor", 1.0);
+  if (s.n_experts % s.router.n_group != 0)
+    fail("{}: n_routed_experts ({}) must be a multiple of n_group ({})", where, s.n_experts, s.router.n_group);
+  if (s.router.topk_group > s.router.n_group)
+    fail("{}: topk_group ({}) must not exceed n_group ({})", where, s.router.topk_group, s.router.n_group);
+  if (s.router.n_group > 1 && s.n_experts / s.router.n_group < 2)
+    fail("{}: groups of {} expert(s): a group's score is the sum of its two best, so each needs two", where,
+         s.n_experts / s.router.n_group);
+  if (s.n_experts_per_token > s.router.topk_group * (s.n_experts / s.router.n_group))
+    fail("{}: num_experts_per_tok ({}) exceeds the experts of the {} chosen group(s)", where, s.n_experts_per_token,
+         s.router.topk_group);
+  if (f.integer("moe_layer_freq", 1) != 1) fail("{}: moe_layer_freq != 1 is not supported", where);
+  const int64_t first_dense = f.count("first_k_dense_replace", 0, kMaxLayers, 0);
+  for (int64_t i = 0; i < s.n_layers; ++i) s.layer_is_moe[size_t(i)] = i >= first_dense;
+}
+
 RopeSpec parse_rope(const json& config, const Fields& f, const std::string& where) {
   RopeSpec rope;
   // Classic Hub configs: rope_theta + rope_scaling. transformers 5 writes rope_parameters instead
@@ -149,7 +246,7 @@ RopeSpec parse_rope(const json& config, const Fields& f, const std::string& wher
     auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
     if (p.has("attention_factor")) {
       rope.attention_factor = p.number("attention_factor", 1.0);
-    } else if (p.has("mscale") && p.has("mscale_all_dim")) {
+    } else if (p.number("mscale", 0.0) != 0.0 && p.number("mscale_all_dim", 0.0) != 0.0) {
       rope.attention_factor =
           get_mscale(rope.factor, p.number("mscale", 1.0)) / get_mscale(rope.factor, p.number("mscale_all_dim", 1.0));
     } else {
@@ -174,8 +271,12 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
   else if (s.model_type == "qwen3_moe") s.arch = Arch::Qwen3Moe;
   else if (s.model_type == "mixtral") s.arch = Arch::Mixtral;
   else if (s.model_type == "olmoe") s.arch = Arch::Olmoe;
+  else if (s.model_type == "gpt_oss") s.arch = Arch::GptOss;
+  else if (s.model_type == "deepseek_v3" || s.model_type == "kimi_k2") s.arch = Arch::DeepseekV3;
+  else if (s.model_type == "glm4_moe") s.arch = Arch::Glm4Moe;
   else if (s.model_type.empty()) fail("{}: missing field 'model_type'", where);
-  else fail("{}: model_type '{}' is not supported (supported: llama, mistral, qwen3, qwen3_moe, mixtral, olmoe)", where, s.model_type);
+  else fail("{}: model_type '{}' is not supported (supported: llama, mistral, qwen3, qwen3_moe, mixtral, olmoe, "
+            "gpt_oss, deepseek_v3, kimi_k2, glm4_moe)", where, s.model_type);
 
   s.vocab_size = f.integer("vocab_size");
   s.hidden_size = f.integer("hidden_size");
@@ -191,7 +292,14 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
   f.in_range(s.n_kv_heads, "num_key_value_heads", 1, kMaxHeads);
   if (s.n_heads % s.n_kv_heads != 0)
     fail("{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where, s.n_heads, s.n_kv_heads);
-  s.head_dim = f.count("head_dim", 0, kMaxWidth, s.hidden_size / s.n_heads);
+  if (s.arch == Arch::DeepseekV3) {
+    s.attention = AttentionKind::Mla;
+    s.mla = parse_mla(f, where);
+    // head_dim in a DeepSeek config is the rope part; q and k heads are nope + rope wide.
+    s.head_dim = s.mla.qk_head_dim();
+  } else {
+    s.head_dim = f.count("head_dim", 0, kMaxWidth, s.hidden_size / s.n_heads);
+  }
   if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("{}: head_dim ({}) must be positive and even", where, s.head_dim);
   s.intermediate_size = f.count("intermediate_size", 0, kMaxWidth, 0);
   s.max_position_embeddings = f.count("max_position_embeddings", 1, kMaxPositions, 4096);
@@ -203,8 +311,16 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
   const std::string act = f.string("hidden_act", "silu");
   if (act != "silu") fail("{}: hidden_act '{}' is not supported (spill runs SwiGLU MLPs: 'silu')", where, act);
   s.rope = parse_rope(config, f, where);
-  if (f.has("partial_rotary_factor") && f.number("partial_rotary_factor", 1.0) != 1.0)
-    fail("{}: partial_rotary_factor != 1 is not supported", where);
+  if (s.attention == AttentionKind::Gqa) {
+    // GLM-4.x rotates the first half of each head (partial_rotary_factor 0.5), as transformers
+    // does: int(head_dim * factor) dims.
+    const double partial = f.number("partial_rotary_factor", s.arch == Arch::Glm4Moe ? 0.5 : 1.0);
+    if (!(partial > 0 && partial <= 1)) fail("{}: partial_rotary_factor must be in (0, 1], got {}", where, partial);
+    s.rotary_dim = int64_t(double(s.head_dim) * partial);
+    if (s.rotary_dim <= 0 || s.rotary_dim % 2 != 0)
+      fail("{}: head_dim {} x partial_rotary_factor {} = {} rotary dims; they must be positive and even", where,
+           s.head_dim, partial, s.rotary_dim);
+  }
 
   s.layer_is_moe.assign(size_t(s.n_layers), false);
   // Hub configs say num_experts (Qwen, OLMoE) or num_local_experts (Mixtral); transformers 5 may
@@ -253,6 +369,28 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
       s.moe_intermediate_size = s.intermediate_size;
       s.norm_topk_prob = f.boolean("norm_topk_prob", false);
       s.layer_is_moe.assign(size_t(s.n_layers), true);
+      break;
+    case Arch::GptOss:
+      parse_gpt_oss(config, f, where, s);
+      break;
+    case Arch::DeepseekV3:
+    case Arch::Glm4Moe:
+      parse_sigmoid_moe(f, where, s);
+      if (s.arch == Arch::DeepseekV3) {
+        // DeepSeek's YaRN also sharpens the softmax: scale = qk_head_dim^-0.5 * mscale(factor, mscale_all_dim)^2.
+        s.rope_interleaved = f.boolean("rope_interleave", true);
+        s.attention_scale = 1.0 / std::sqrt(double(s.mla.qk_head_dim()));
+        if (s.rope.kind == RopeKind::Yarn) {
+          const json* params = f.has("rope_parameters") ? &config["rope_parameters"] : &config["rope_scaling"];
+          const double all_dim = Fields{*params, where}.number("mscale_all_dim", 0.0);
+          if (all_dim != 0.0 && s.rope.factor > 1) {
+            const double m = 0.1 * all_dim * std::log(s.rope.factor) + 1.0;
+            s.attention_scale *= m * m;
+          }
+        }
+      } else {
+        s.qk_norm = f.boolean("use_qk_norm", false) ? QkNorm::PerHead : QkNorm::None;
+      }
       break;
   }
   if (s.arch == Arch::Qwen3 || s.arch == Arch::Qwen3Moe) {

@@ -50,7 +50,8 @@ static DType parse_dtype(const std::string& s, const std::string& path, const st
   if (s == "F32") return DType::F32;
   if (s == "BF16") return DType::BF16;
   if (s == "F16") return DType::F16;
-  fail("{}: tensor '{}' has dtype '{}', which spill does not load (supported: F32, BF16, F16)", path, name, s);
+  fail("{}: tensor '{}' has dtype '{}', which spill does not load (supported: F32, BF16, F16, and U8 for packed "
+       "MXFP4 experts)", path, name, s);
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_unique<MappedFile>(path)) {
@@ -92,7 +93,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_uniq
     if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
       fail("{}: tensor '{}': 'data_offsets' must be two non-negative integers", path, name);
     TensorView t;
-    t.dtype = parse_dtype(jd.get<std::string>(), path, name);
+    const bool bytes = jd.get<std::string>() == "U8";
+    t.dtype = bytes ? DType::F32 : parse_dtype(jd.get<std::string>(), path, name);  // U8: sized below
     t.ndim = int(js.size());
     uint64_t numel = 1;
     for (int d = 0; d < t.ndim; ++d) {
@@ -109,15 +111,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(std::make_uniq
            data_size);
     // Checked: a huge element count times the element size must not wrap to a size that matches.
     uint64_t need = 0;
-    if (__builtin_mul_overflow(numel, uint64_t(dtype_traits(t.dtype).block_bytes), &need))
+    if (__builtin_mul_overflow(numel, bytes ? uint64_t(1) : uint64_t(dtype_traits(t.dtype).block_bytes), &need))
       fail("{}: tensor '{}': dtype {} and shape {} need more than 2^64 bytes; the header is corrupt", path, name,
            dtype_name(t.dtype), shape_str(t));
     if (end - begin != need)
       fail("{}: tensor '{}': data_offsets cover {} bytes but dtype {} and shape {} need {}", path, name, end - begin,
-           dtype_name(t.dtype), shape_str(t), need);
+           bytes ? std::string_view("U8") : dtype_name(t.dtype), shape_str(t), need);
     t.data = base + data_begin + begin;
     ranges.push_back({size_t(begin), size_t(end), name});
-    tensors_.emplace(name, t);
+    if (bytes)
+      byte_tensors_.emplace(name, ByteTensor{static_cast<const uint8_t*>(t.data), t.ndim, t.shape, size_t(need)});
+    else
+      tensors_.emplace(name, t);
   }
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < ranges.size(); ++i)
@@ -155,9 +160,15 @@ WeightStore WeightStore::open_folder(const std::string& dir) {
   for (const std::string& f : files) {
     auto file = std::make_unique<SafetensorsFile>((fs::path(dir) / f).string());
     for (auto& [name, view] : file->tensors()) {
-      if (store.tensors_.count(name))
+      if (store.file_index_.count(name))
         fail("{}: tensor '{}' appears in both {} and {}", dir, name, store.file_of(name), file->path());
       store.tensors_.emplace(name, view);
+      store.file_index_.emplace(name, store.files_.size());
+    }
+    for (auto& [name, bytes] : file->byte_tensors()) {
+      if (store.file_index_.count(name))
+        fail("{}: tensor '{}' appears in both {} and {}", dir, name, store.file_of(name), file->path());
+      store.byte_tensors_.emplace(name, bytes);
       store.file_index_.emplace(name, store.files_.size());
     }
     store.files_.push_back(std::move(file));
@@ -176,6 +187,11 @@ WeightStore WeightStore::open_folder(const std::string& dir) {
 const TensorView* WeightStore::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;
+}
+
+const ByteTensor* WeightStore::find_bytes(const std::string& name) const {
+  auto it = byte_tensors_.find(name);
+  return it == byte_tensors_.end() ? nullptr : &it->second;
 }
 
 const TensorView& WeightStore::get(const std::string& name) const {

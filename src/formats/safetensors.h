@@ -27,16 +27,27 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// A tensor of raw bytes (safetensors dtype U8): what a checkpoint stores packed, e.g. gpt-oss's
+// MXFP4 expert codes and exponents, which the loader repacks; never a weight by itself.
+struct ByteTensor {
+  const uint8_t* data = nullptr;
+  int ndim = 0;
+  std::array<int64_t, 4> shape{};
+  size_t nbytes = 0;
+};
+
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);  // maps and validates; throws spill::Error
   const std::string& path() const { return file_->path(); }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, ByteTensor>& byte_tensors() const { return byte_tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   std::unique_ptr<MappedFile> file_;
   std::map<std::string, TensorView> tensors_;
+  std::map<std::string, ByteTensor> byte_tensors_;
   std::map<std::string, std::string> metadata_;
 };
 
@@ -48,6 +59,7 @@ class WeightStore {
 
   // nullptr when absent.
   const TensorView* find(const std::string& name) const;
+  const ByteTensor* find_bytes(const std::string& name) const;
   // Throws a spill::Error naming the tensor and the folder when absent.
   const TensorView& get(const std::string& name) const;
   // Which file holds a tensor (for error messages).
@@ -59,6 +71,7 @@ class WeightStore {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorView> tensors_;
+  std::map<std::string, ByteTensor> byte_tensors_;
   std::map<std::string, size_t> file_index_;
 };
 

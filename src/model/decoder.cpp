@@ -1,6 +1,8 @@
-// The forward pass of the decoder family spill runs (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE),
-// top to bottom, on the CPU backend. The families differ only in switches resolved into
-// ModelSpec at load (q/k norm kind, routed or dense MLP per layer, top-k renormalisation).
+// The forward pass of the decoder family spill runs (Llama, Qwen3, Qwen3-MoE, Mixtral, OLMoE,
+// gpt-oss, GLM-4.x MoE, DeepSeek-V3), top to bottom, on the CPU backend. The families differ only
+// in switches resolved into ModelSpec at load (q/k norm kind, partial rotary, sliding layers and
+// attention sinks, the router's kind, shared experts, the expert activation); DeepSeek's latent
+// attention is its own block (mla_attention.cpp) behind the same residual stream.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/mla_attention.h"
 #include "model/model.h"
 #include "model/runner.h"
 
@@ -15,29 +18,41 @@ namespace spill {
 
 namespace {
 
+// A small per-layer vector (sinks, correction bias) as floats.
+std::vector<float> to_floats(const TensorView& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.empty()) return {};
+  TensorView row = t;
+  row.ndim = 2;
+  row.shape = {1, t.numel(), 0, 0};
+  cpu::load_row(row, 0, out.data());
+  return out;
+}
+
 class CpuRunner final : public ModelRunner {
  public:
   CpuRunner(const Model& model, KvCacheConfig kv, const RunnerLimits& limits, int n_threads)
       : model_(model), spec_(model.spec()), kv_config_(kv), pool_(n_threads),
-        rope_(cpu::make_rope_table(spec_.rope, spec_.head_dim)) {
+        rope_(cpu::make_rope_table(spec_.rope, spec_.rope_dims(), spec_.rope_interleaved)) {
     if (kv.block_size <= 0) fail("KV block size must be positive, got {}", kv.block_size);
     if (kv.n_blocks <= 0) fail("the KV cache needs at least one block, got {}", kv.n_blocks);
     kv_config_.format = KvFormat::F32;
     kv_config_.bytes_per_block = cpu_kv_bytes_per_block(spec_, kv.block_size);
     limits_ = resolve_runner_limits(spec_, limits, kv_config_);
     slot_taken_.assign(size_t(limits_.max_seqs), 0);
-    const size_t per_layer = size_t(kv.n_blocks) * size_t(kv.block_size) * size_t(spec_.kv_dim());
-    kv_k_.resize(static_cast<size_t>(spec_.n_layers));
-    kv_v_.resize(static_cast<size_t>(spec_.n_layers));
-    for (int64_t l = 0; l < spec_.n_layers; ++l) {
-      kv_k_[size_t(l)].reset(new float[per_layer]);
-      kv_v_[size_t(l)].reset(new float[per_layer]);
-    }
+    // One allocation per layer: [n_blocks][block_size][entry] with the entry the layer's shape
+    // (GQA: a K plane and a V plane of kv_dim each; MLA: the latent and the rope key).
+    kv_slots_ = size_t(kv.n_blocks) * size_t(kv.block_size);
+    kv_.resize(static_cast<size_t>(spec_.n_layers));
+    for (auto& layer : kv_) layer.reset(new float[kv_slots_ * size_t(spec_.kv_values_per_token())]);
     for (const LayerWeights& lw : model.layers) {
       std::vector<cpu::ExpertView> views;
-      for (const ExpertWeights& e : lw.experts) views.push_back({&e.gate, &e.up, &e.down});
+      for (const ExpertWeights& e : lw.experts) views.push_back(expert_view(e));
       experts_.push_back(std::move(views));
+      sinks_.push_back(to_floats(lw.sinks));
+      correction_bias_.push_back(to_floats(lw.router_correction_bias));
     }
+    activation_ = {.kind = spec_.expert_activation, .alpha = float(spec_.swiglu_alpha), .limit = float(spec_.swiglu_limit)};
   }
 
   const ModelSpec& spec() const override { return spec_; }
@@ -52,6 +67,13 @@ class CpuRunner final : public ModelRunner {
 
  private:
   void check_batch(const ForwardBatch& batch);
+  static cpu::ExpertView expert_view(const ExpertWeights& e) {
+    return {&e.gate, &e.up, &e.down, e.gate_bias.empty() ? nullptr : &e.gate_bias,
+            e.up_bias.empty() ? nullptr : &e.up_bias, e.down_bias.empty() ? nullptr : &e.down_bias};
+  }
+  void gqa_attention(const LayerWeights& w, int64_t l, std::span<const cpu::AttentionChunk> chunks,
+                     const int32_t* positions, const float* h, int64_t n, float* out);
+  void mlp_block(const LayerWeights& w, int64_t l, const float* h, int64_t n, float* out, ForwardObserver* observer);
 
   const Model& model_;
   const ModelSpec& spec_;
@@ -59,9 +81,12 @@ class CpuRunner final : public ModelRunner {
   RunnerLimits limits_;
   ThreadPool pool_;
   cpu::RopeTable rope_;
-  std::vector<std::unique_ptr<float[]>> kv_k_, kv_v_;  // per layer [n_blocks][block_size][kv_dim]
+  size_t kv_slots_ = 0;
+  std::vector<std::unique_ptr<float[]>> kv_;  // per layer [n_blocks][block_size][kv_values_per_token]
   std::vector<std::vector<cpu::ExpertView>> experts_;  // per layer
   std::vector<uint8_t> slot_taken_;                    // check_batch's scratch, all 0 between calls
+  std::vector<std::vector<float>> sinks_, correction_bias_;  // per layer, empty where the model has none
+  cpu::ActivationParams activation_;
 };
 
 // The CPU runner needs none of the limits to compute, but holds every batch to them, so that
@@ -107,10 +132,83 @@ void CpuRunner::check_batch(const ForwardBatch& batch) {
   if (clash) fail("forward: two sequences of one step share a slot (internal error)");
 }
 
+// Grouped-query attention: q/k/v projections, q/k norm, rotary positions on the first rope_dims of
+// each head, paged attention (windowed on sliding layers, with sinks when the model has them), output.
+void CpuRunner::gqa_attention(const LayerWeights& w, int64_t l, std::span<const cpu::AttentionChunk> chunks,
+                              const int32_t* positions, const float* h, int64_t n, float* out) {
+  const int64_t D = spec_.head_dim, n_heads = spec_.n_heads, n_kv = spec_.n_kv_heads;
+  const int64_t Q = spec_.q_dim(), KV = spec_.kv_dim();
+  std::vector<float> q(static_cast<size_t>(n * Q)), k(static_cast<size_t>(n * KV)), v(static_cast<size_t>(n * KV)),
+      attn(static_cast<size_t>(n * Q));
+  cpu::matmul(pool_, h, n, w.q, q.data(), &w.q_bias);
+  cpu::matmul(pool_, h, n, w.k, k.data(), &w.k_bias);
+  cpu::matmul(pool_, h, n, w.v, v.data(), &w.v_bias);
+  if (spec_.qk_norm == QkNorm::PerHead) {
+    cpu::rmsnorm(q.data(), n * n_heads, D, w.q_norm, spec_.rms_norm_eps, q.data());
+    cpu::rmsnorm(k.data(), n * n_kv, D, w.k_norm, spec_.rms_norm_eps, k.data());
+  } else if (spec_.qk_norm == QkNorm::WholeProjection) {
+    cpu::rmsnorm(q.data(), n, Q, w.q_norm, spec_.rms_norm_eps, q.data());
+    cpu::rmsnorm(k.data(), n, KV, w.k_norm, spec_.rms_norm_eps, k.data());
+  }
+  if (spec_.clip_qkv > 0) {
+    const float c = float(spec_.clip_qkv);
+    for (auto* buf : {&q, &k, &v})
+      for (float& f : *buf) f = std::clamp(f, -c, c);
+  }
+  cpu::apply_rope(rope_, q.data(), n, n_heads, D, positions);
+  cpu::apply_rope(rope_, k.data(), n, n_kv, D, positions);
+  float* base = kv_[size_t(l)].get();
+  const cpu::PagedKv kv{base, base + kv_slots_ * size_t(KV), kv_config_.block_size, n_kv, D};
+  const cpu::AttentionParams params{.scale = float(spec_.softmax_scale()),
+                                    .window = spec_.sliding(l) ? int32_t(spec_.sliding_window) : 0,
+                                    .sinks = sinks_[size_t(l)].empty() ? nullptr : sinks_[size_t(l)].data()};
+  cpu::paged_attention(pool_, kv, chunks, q.data(), k.data(), v.data(), n_heads, attn.data(), params);
+  cpu::matmul(pool_, attn.data(), n, w.o, out, &w.o_bias);
+}
+
+// Routed experts (router, then the chosen experts) plus the shared experts, or the dense MLP.
+void CpuRunner::mlp_block(const LayerWeights& w, int64_t l, const float* h, int64_t n, float* out,
+                          ForwardObserver* observer) {
+  const int layer = int(l);
+  if (!spec_.layer_is_moe[size_t(l)]) {
+    cpu::swiglu_mlp(pool_, h, n, {&w.dense.gate, &w.dense.up, &w.dense.down}, out);
+    return;
+  }
+  const int64_t E = spec_.n_experts, top_k = spec_.n_experts_per_token, H = spec_.hidden_size;
+  std::vector<float> router_logits(static_cast<size_t>(n * E)), expert_weights(static_cast<size_t>(n * top_k));
+  std::vector<int32_t> expert_ids(static_cast<size_t>(n * top_k));
+  cpu::matmul(pool_, h, n, w.router, router_logits.data(), &w.router_bias);
+  switch (spec_.router.kind) {
+    case RouterKind::SoftmaxTopK:
+      cpu::route_topk(router_logits.data(), n, E, top_k, spec_.norm_topk_prob, expert_ids.data(), expert_weights.data());
+      break;
+    case RouterKind::TopKSoftmax:
+      cpu::route_topk_softmax(router_logits.data(), n, E, top_k, expert_ids.data(), expert_weights.data());
+      break;
+    case RouterKind::SigmoidGrouped: {
+      const std::vector<float>& bias = correction_bias_[size_t(l)];
+      const cpu::SigmoidRouterParams params{.n_group = spec_.router.n_group,
+                                            .topk_group = spec_.router.topk_group,
+                                            .renormalise = spec_.norm_topk_prob,
+                                            .routed_scaling_factor = float(spec_.router.routed_scaling_factor),
+                                            .correction_bias = bias.empty() ? nullptr : bias.data()};
+      cpu::route_sigmoid_grouped(params, router_logits.data(), n, E, top_k, expert_ids.data(), expert_weights.data());
+      break;
+    }
+  }
+  if (observer) observer->on_router(layer, n, top_k, expert_ids.data(), expert_weights.data());
+  cpu::moe_experts(pool_, h, n, H, top_k, expert_ids.data(), expert_weights.data(), experts_[size_t(l)], out,
+                   activation_);
+  if (spec_.n_shared_experts > 0) {
+    std::vector<float> shared(static_cast<size_t>(n * H));
+    cpu::swiglu_mlp(pool_, h, n, {&w.shared.gate, &w.shared.up, &w.shared.down}, shared.data());
+    for (int64_t i = 0; i < n * H; ++i) out[i] += shared[size_t(i)];
+  }
+}
+
 void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
   check_batch(batch);
-  const int64_t n = batch.n_tokens(), H = spec_.hidden_size, D = spec_.head_dim;
-  const int64_t n_heads = spec_.n_heads, n_kv = spec_.n_kv_heads, Q = spec_.q_dim(), KV = spec_.kv_dim();
+  const int64_t n = batch.n_tokens(), H = spec_.hidden_size;
 
   std::vector<int32_t> positions(static_cast<size_t>(n));
   std::vector<cpu::AttentionChunk> chunks;
@@ -118,12 +216,7 @@ void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, F
     for (int32_t i = 0; i < c.n_tokens; ++i) positions[size_t(c.first_token + i)] = c.start_pos + i;
     chunks.push_back({c.first_token, c.n_tokens, c.start_pos, c.block_table});
   }
-
-  std::vector<float> x(static_cast<size_t>(n * H)), h(static_cast<size_t>(n * H)), q(static_cast<size_t>(n * Q)), k(static_cast<size_t>(n * KV)), v(static_cast<size_t>(n * KV)),
-      attn(static_cast<size_t>(n * Q)), mlp_out(static_cast<size_t>(n * H));
-  std::vector<float> router_logits;
-  std::vector<int32_t> expert_ids;
-  std::vector<float> expert_weights;
+  std::vector<float> x(static_cast<size_t>(n * H)), h(static_cast<size_t>(n * H)), block_out(static_cast<size_t>(n * H));
 
   // Embedding
   for (int64_t t = 0; t < n; ++t) cpu::load_row(model_.embed, batch.tokens[size_t(t)], x.data() + t * H);
@@ -132,48 +225,24 @@ void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, F
     const LayerWeights& w = model_.layers[size_t(l)];
     const int layer = int(l);
 
-    // Attention block: norm, q/k/v projections, q/k norm, rotary positions, paged GQA, output.
+    // Attention block: norm, then grouped-query or latent attention, residual.
     cpu::rmsnorm(x.data(), n, H, w.attn_norm, spec_.rms_norm_eps, h.data());
-    cpu::matmul(pool_, h.data(), n, w.q, q.data(), &w.q_bias);
-    cpu::matmul(pool_, h.data(), n, w.k, k.data(), &w.k_bias);
-    cpu::matmul(pool_, h.data(), n, w.v, v.data(), &w.v_bias);
-    if (spec_.qk_norm == QkNorm::PerHead) {
-      cpu::rmsnorm(q.data(), n * n_heads, D, w.q_norm, spec_.rms_norm_eps, q.data());
-      cpu::rmsnorm(k.data(), n * n_kv, D, w.k_norm, spec_.rms_norm_eps, k.data());
-    } else if (spec_.qk_norm == QkNorm::WholeProjection) {
-      cpu::rmsnorm(q.data(), n, Q, w.q_norm, spec_.rms_norm_eps, q.data());
-      cpu::rmsnorm(k.data(), n, KV, w.k_norm, spec_.rms_norm_eps, k.data());
+    if (spec_.attention == AttentionKind::Mla) {
+      const cpu::PagedLatentKv kv{kv_[size_t(l)].get(), kv_config_.block_size, spec_.mla.cache_values()};
+      mla_attention_block(pool_,
+                          {.spec = spec_, .weights = w.mla, .rope = rope_, .kv = kv, .chunks = chunks,
+                           .positions = positions.data(), .observer = observer, .layer = layer},
+                          h.data(), n, block_out.data());
+    } else {
+      gqa_attention(w, l, chunks, positions.data(), h.data(), n, block_out.data());
     }
-    if (spec_.clip_qkv > 0) {
-      const float c = float(spec_.clip_qkv);
-      for (auto* buf : {&q, &k, &v})
-        for (float& f : *buf) f = std::clamp(f, -c, c);
-    }
-    cpu::apply_rope(rope_, q.data(), n, n_heads, D, positions.data());
-    cpu::apply_rope(rope_, k.data(), n, n_kv, D, positions.data());
-    const cpu::PagedKv kv{kv_k_[size_t(l)].get(), kv_v_[size_t(l)].get(), kv_config_.block_size, n_kv, D};
-    cpu::paged_attention(pool_, kv, chunks, q.data(), k.data(), v.data(), n_heads, attn.data());
-    cpu::matmul(pool_, attn.data(), n, w.o, h.data(), &w.o_bias);
-    for (int64_t i = 0; i < n * H; ++i) x[size_t(i)] += h[size_t(i)];
+    for (int64_t i = 0; i < n * H; ++i) x[size_t(i)] += block_out[size_t(i)];
     if (observer) observer->on_tensor("attn_residual", layer, x.data(), n, H);
 
-    // MLP block: norm, then routed experts or the dense SwiGLU MLP.
+    // MLP block: norm, then routed (+ shared) experts or the dense MLP, residual.
     cpu::rmsnorm(x.data(), n, H, w.mlp_norm, spec_.rms_norm_eps, h.data());
-    if (spec_.layer_is_moe[size_t(l)]) {
-      const int64_t E = spec_.n_experts, top_k = spec_.n_experts_per_token;
-      router_logits.resize(static_cast<size_t>(n * E));
-      expert_ids.resize(static_cast<size_t>(n * top_k));
-      expert_weights.resize(static_cast<size_t>(n * top_k));
-      cpu::matmul(pool_, h.data(), n, w.router, router_logits.data(), &w.router_bias);
-      cpu::route_topk(router_logits.data(), n, E, top_k, spec_.norm_topk_prob, expert_ids.data(),
-                      expert_weights.data());
-      if (observer) observer->on_router(layer, n, top_k, expert_ids.data(), expert_weights.data());
-      cpu::moe_experts(pool_, h.data(), n, H, top_k, expert_ids.data(), expert_weights.data(),
-                       experts_[size_t(l)], mlp_out.data());
-    } else {
-      cpu::swiglu_mlp(pool_, h.data(), n, {&w.dense.gate, &w.dense.up, &w.dense.down}, mlp_out.data());
-    }
-    for (int64_t i = 0; i < n * H; ++i) x[size_t(i)] += mlp_out[size_t(i)];
+    mlp_block(w, l, h.data(), n, block_out.data(), observer);
+    for (int64_t i = 0; i < n * H; ++i) x[size_t(i)] += block_out[size_t(i)];
     if (observer) observer->on_tensor("layer_out", layer, x.data(), n, H);
   }
 

@@ -28,6 +28,10 @@ std::string gguf_arch_name(const ModelSpec& spec) {
     case Arch::Olmoe: return "olmoe";
     case Arch::Llama:
     case Arch::Mixtral: return "llama";  // llama.cpp runs Mixtral as llama with experts
+    case Arch::GptOss:
+    case Arch::DeepseekV3:
+    case Arch::Glm4Moe:
+      fail("writing {} models as GGUF is not supported yet (spill runs them from their safetensors)", arch_name(spec.arch));
   }
   return "llama";
 }

@@ -121,6 +121,9 @@ ModelSpec gguf_model_spec(const gguf::GgufFile& file) {
     case Arch::Qwen3Moe: s.qk_norm = QkNorm::PerHead; break;
     case Arch::Olmoe: s.qk_norm = QkNorm::WholeProjection; break;
     case Arch::Mixtral: break;
+    case Arch::GptOss:
+    case Arch::DeepseekV3:
+    case Arch::Glm4Moe: break;  // not read from GGUF metadata yet
   }
   s.layer_is_moe.assign(size_t(s.n_layers), false);
   if (s.arch == Arch::Qwen3Moe || s.arch == Arch::Olmoe || s.arch == Arch::Mixtral) {

@@ -26,6 +26,16 @@ KvFormat parse_kv_format(std::string_view text, std::string_view flag) {
 }
 
 int64_t kv_bytes_per_token_per_layer(const ModelSpec& spec, KvFormat format) {
+  if (spec.attention == AttentionKind::Mla) {
+    // One latent + rope key per token, shared by all heads (kv_lora_rank + qk_rope_head_dim values).
+    const int64_t values = spec.mla.cache_values();
+    switch (format) {
+      case KvFormat::F32: return values * 4;
+      case KvFormat::BF16: return values * 2;
+      case KvFormat::Fp8E4m3: return values + 4;  // one f32 scale per token
+    }
+    return 0;
+  }
   const int64_t elems = spec.n_kv_heads * spec.head_dim;  // of K, and again of V
   switch (format) {
     case KvFormat::F32: return 2 * elems * 4;

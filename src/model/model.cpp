@@ -65,10 +65,34 @@ class WeightResolver {
   }
 
   void resolve_layer(int32_t l, LayerWeights& w) {
-    const int64_t H = spec_.hidden_size, Q = spec_.q_dim(), KV = spec_.kv_dim();
+    const int64_t H = spec_.hidden_size;
     auto key = [l](WeightRole r) { return WeightKey{r, l}; };
     w.attn_norm = tensor(key(WeightRole::AttnNorm), {H});
     w.mlp_norm = tensor(key(WeightRole::MlpNorm), {H});
+    if (spec_.attention == AttentionKind::Mla)
+      resolve_mla(l, w.mla);
+    else
+      resolve_gqa(l, w);
+    if (spec_.attention_sinks) w.sinks = tensor(key(WeightRole::Sinks), {spec_.n_heads});
+    if (!spec_.layer_is_moe[size_t(l)]) {
+      const int64_t I = spec_.intermediate_size;
+      w.dense.gate = tensor(key(WeightRole::DenseGate), {I, H});
+      w.dense.up = tensor(key(WeightRole::DenseUp), {I, H});
+      w.dense.down = tensor(key(WeightRole::DenseDown), {H, I});
+      return;
+    }
+    resolve_experts(l, w);
+    if (spec_.n_shared_experts > 0) {
+      const int64_t S = spec_.shared_intermediate_size();
+      w.shared.gate = tensor(key(WeightRole::SharedGate), {S, H});
+      w.shared.up = tensor(key(WeightRole::SharedUp), {S, H});
+      w.shared.down = tensor(key(WeightRole::SharedDown), {H, S});
+    }
+  }
+
+  void resolve_gqa(int32_t l, LayerWeights& w) {
+    const int64_t H = spec_.hidden_size, Q = spec_.q_dim(), KV = spec_.kv_dim();
+    auto key = [l](WeightRole r) { return WeightKey{r, l}; };
     w.q = tensor(key(WeightRole::Q), {Q, H});
     w.k = tensor(key(WeightRole::K), {KV, H});
     w.v = tensor(key(WeightRole::V), {KV, H});
@@ -77,7 +101,7 @@ class WeightResolver {
       w.q_bias = tensor(key(WeightRole::QBias), {Q});
       w.k_bias = tensor(key(WeightRole::KBias), {KV});
       w.v_bias = tensor(key(WeightRole::VBias), {KV});
-      w.o_bias = optional_tensor(key(WeightRole::OBias), {H});
+      w.o_bias = spec_.attention_out_bias ? tensor(key(WeightRole::OBias), {H}) : optional_tensor(key(WeightRole::OBias), {H});
     }
     switch (spec_.qk_norm) {
       case QkNorm::None: break;
@@ -90,14 +114,23 @@ class WeightResolver {
         w.k_norm = tensor(key(WeightRole::KNorm), {KV});
         break;
     }
-    if (!spec_.layer_is_moe[size_t(l)]) {
-      const int64_t I = spec_.intermediate_size;
-      w.dense.gate = tensor(key(WeightRole::DenseGate), {I, H});
-      w.dense.up = tensor(key(WeightRole::DenseUp), {I, H});
-      w.dense.down = tensor(key(WeightRole::DenseDown), {H, I});
-      return;
+  }
+
+  void resolve_mla(int32_t l, MlaWeights& w) {
+    const MlaSpec& m = spec_.mla;
+    const int64_t H = spec_.hidden_size, heads = spec_.n_heads;
+    auto key = [l](WeightRole r) { return WeightKey{r, l}; };
+    if (m.q_lora_rank > 0) {
+      w.q_a = tensor(key(WeightRole::QA), {m.q_lora_rank, H});
+      w.q_a_norm = tensor(key(WeightRole::QANorm), {m.q_lora_rank});
+      w.q_b = tensor(key(WeightRole::QB), {heads * m.qk_head_dim(), m.q_lora_rank});
+    } else {
+      w.q = tensor(key(WeightRole::Q), {heads * m.qk_head_dim(), H});
     }
-    resolve_experts(l, w);
+    w.kv_a = tensor(key(WeightRole::KVA), {m.kv_lora_rank + m.qk_rope_head_dim, H});
+    w.kv_a_norm = tensor(key(WeightRole::KVANorm), {m.kv_lora_rank});
+    w.kv_b = tensor(key(WeightRole::KVB), {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+    w.o = tensor(key(WeightRole::O), {H, heads * m.v_head_dim});
   }
 
   // Routed experts come one tensor per expert (the Hub's checkpoints), fused gate+up and down over
@@ -105,8 +138,19 @@ class WeightResolver {
   void resolve_experts(int32_t l, LayerWeights& w) {
     const int64_t E = spec_.n_experts, I = spec_.moe_intermediate_size, H = spec_.hidden_size;
     w.router = tensor({WeightRole::Router, l}, {E, H});
-    w.router_bias = optional_tensor({WeightRole::RouterBias, l}, {E});
+    w.router_bias = spec_.router_bias ? tensor({WeightRole::RouterBias, l}, {E}) : optional_tensor({WeightRole::RouterBias, l}, {E});
+    if (spec_.router.correction_bias) w.router_correction_bias = tensor({WeightRole::RouterCorrectionBias, l}, {E});
     w.experts.resize(static_cast<size_t>(E));
+    if (spec_.expert_bias) {
+      const TensorView gate_bias = tensor({WeightRole::ExpertsGateBias, l}, {E, I});
+      const TensorView up_bias = tensor({WeightRole::ExpertsUpBias, l}, {E, I});
+      const TensorView down_bias = tensor({WeightRole::ExpertsDownBias, l}, {E, H});
+      for (int64_t e = 0; e < E; ++e) {
+        w.experts[size_t(e)].gate_bias = gate_bias.slice0(e);
+        w.experts[size_t(e)].up_bias = up_bias.slice0(e);
+        w.experts[size_t(e)].down_bias = down_bias.slice0(e);
+      }
+    }
     if (src_.find({WeightRole::ExpertsGateUp, l})) {
       TensorView gate_up = fused({WeightRole::ExpertsGateUp, l}, 2 * I, H);
       for (int64_t e = 0; e < E; ++e) {

@@ -15,6 +15,17 @@ struct ExpertWeights {
   TensorView gate;  // [moe_intermediate, hidden]
   TensorView up;    // [moe_intermediate, hidden]
   TensorView down;  // [hidden, moe_intermediate]
+  TensorView gate_bias, up_bias, down_bias;  // [I], [I], [H]; empty unless spec.expert_bias
+};
+
+// Multi-head latent attention's projections (spec.attention == Mla).
+struct MlaWeights {
+  TensorView q_a, q_a_norm, q_b;  // q_lora_rank > 0: [q_lora, H], [q_lora], [heads * qk_head, q_lora]
+  TensorView q;                   // q_lora_rank == 0: [heads * qk_head, H]
+  TensorView kv_a;                // [kv_lora + rope, H]: the latent, then the shared rope key
+  TensorView kv_a_norm;           // [kv_lora]
+  TensorView kv_b;                // [heads * (nope + v), kv_lora]: per head, key rows then value rows
+  TensorView o;                   // [H, heads * v]
 };
 
 struct LayerWeights {
@@ -22,11 +33,15 @@ struct LayerWeights {
   TensorView q, k, v, o;                // [q_dim, hidden], [kv_dim, hidden] x2, [hidden, q_dim]
   TensorView q_bias, k_bias, v_bias, o_bias;  // empty unless attention_bias
   TensorView q_norm, k_norm;            // [head_dim] (per head) or [q_dim]/[kv_dim] (whole projection); empty if none
+  TensorView sinks;                     // [n_heads] when spec.attention_sinks
+  MlaWeights mla;                       // when spec.attention == Mla (q, k, v, o above are empty)
   TensorView mlp_norm;                  // [hidden]
   ExpertWeights dense;                  // dense MLP (intermediate_size) when !spec.layer_is_moe[layer]
   TensorView router;                    // [n_experts, hidden]
   TensorView router_bias;               // [n_experts] or empty
+  TensorView router_correction_bias;    // [n_experts] when spec.router.correction_bias
   std::vector<ExpertWeights> experts;   // n_experts views when spec.layer_is_moe[layer]
+  ExpertWeights shared;                 // shared experts of an MoE layer when spec.n_shared_experts > 0
 };
 
 class Model {

@@ -64,15 +64,34 @@ class SyntheticSource final : public WeightSource {
       auto key = [l](WeightRole r) { return WeightKey{r, l}; };
       add(key(WeightRole::AttnNorm), p + "attn_norm.weight", {H}, Init::Norm);
       add(key(WeightRole::MlpNorm), p + "ffn_norm.weight", {H}, Init::Norm);
-      add(key(WeightRole::Q), p + "attn_q.weight", {Q, H}, Init::Linear);
-      add(key(WeightRole::K), p + "attn_k.weight", {KV, H}, Init::Linear);
-      add(key(WeightRole::V), p + "attn_v.weight", {KV, H}, Init::Linear);
-      add(key(WeightRole::O), p + "attn_output.weight", {H, Q}, Init::Linear);
+      if (spec.attention == AttentionKind::Mla) {
+        const MlaSpec& m = spec.mla;
+        const int64_t heads = spec.n_heads;
+        if (m.q_lora_rank > 0) {
+          add(key(WeightRole::QA), p + "attn_q_a.weight", {m.q_lora_rank, H}, Init::Linear);
+          add(key(WeightRole::QANorm), p + "attn_q_a_norm.weight", {m.q_lora_rank}, Init::Norm);
+          add(key(WeightRole::QB), p + "attn_q_b.weight", {heads * m.qk_head_dim(), m.q_lora_rank}, Init::Linear);
+        } else {
+          add(key(WeightRole::Q), p + "attn_q.weight", {heads * m.qk_head_dim(), H}, Init::Linear);
+        }
+        add(key(WeightRole::KVA), p + "attn_kv_a_mqa.weight", {m.cache_values(), H}, Init::Linear);
+        add(key(WeightRole::KVANorm), p + "attn_kv_a_norm.weight", {m.kv_lora_rank}, Init::Norm);
+        add(key(WeightRole::KVB), p + "attn_kv_b.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank},
+            Init::Linear);
+        add(key(WeightRole::O), p + "attn_output.weight", {H, heads * m.v_head_dim}, Init::Linear);
+      } else {
+        add(key(WeightRole::Q), p + "attn_q.weight", {Q, H}, Init::Linear);
+        add(key(WeightRole::K), p + "attn_k.weight", {KV, H}, Init::Linear);
+        add(key(WeightRole::V), p + "attn_v.weight", {KV, H}, Init::Linear);
+        add(key(WeightRole::O), p + "attn_output.weight", {H, Q}, Init::Linear);
+      }
       if (spec.attention_bias) {
         add(key(WeightRole::QBias), p + "attn_q.bias", {Q}, Init::Bias);
         add(key(WeightRole::KBias), p + "attn_k.bias", {KV}, Init::Bias);
         add(key(WeightRole::VBias), p + "attn_v.bias", {KV}, Init::Bias);
+        if (spec.attention_out_bias) add(key(WeightRole::OBias), p + "attn_output.bias", {H}, Init::Bias);
       }
+      if (spec.attention_sinks) add(key(WeightRole::Sinks), p + "attn_sinks.weight", {spec.n_heads}, Init::Bias);
       if (spec.qk_norm == QkNorm::PerHead) {
         add(key(WeightRole::QNorm), p + "attn_q_norm.weight", {spec.head_dim}, Init::Norm);
         add(key(WeightRole::KNorm), p + "attn_k_norm.weight", {spec.head_dim}, Init::Norm);
@@ -90,6 +109,19 @@ class SyntheticSource final : public WeightSource {
       const int64_t E = spec.n_experts, I = spec.moe_intermediate_size;
       add(key(WeightRole::Router), p + "ffn_gate_inp.weight", {E, H}, Init::Router);
       if (options.routing_skew > 0) add(key(WeightRole::RouterBias), p + "ffn_gate_inp.bias", {E}, Init::SkewBias);
+      else if (spec.router_bias) add(key(WeightRole::RouterBias), p + "ffn_gate_inp.bias", {E}, Init::Bias);
+      if (spec.router.correction_bias) add(key(WeightRole::RouterCorrectionBias), p + "exp_probs_b.bias", {E}, Init::Bias);
+      if (spec.n_shared_experts > 0) {
+        const int64_t S = spec.shared_intermediate_size();
+        add(key(WeightRole::SharedGate), p + "ffn_gate_shexp.weight", {S, H}, Init::Linear);
+        add(key(WeightRole::SharedUp), p + "ffn_up_shexp.weight", {S, H}, Init::Linear);
+        add(key(WeightRole::SharedDown), p + "ffn_down_shexp.weight", {H, S}, Init::Linear);
+      }
+      if (spec.expert_bias) {
+        add(key(WeightRole::ExpertsGateBias), p + "ffn_gate_exps.bias", {E, I}, Init::Bias);
+        add(key(WeightRole::ExpertsUpBias), p + "ffn_up_exps.bias", {E, I}, Init::Bias);
+        add(key(WeightRole::ExpertsDownBias), p + "ffn_down_exps.bias", {E, H}, Init::Bias);
+      }
       // One contiguous [E, rows, cols] tensor per projection, as GGUF stores experts: expert e is a slice.
       add(key(WeightRole::ExpertsGate), p + "ffn_gate_exps.weight", {E, I, H}, Init::Linear);
       add(key(WeightRole::ExpertsUp), p + "ffn_up_exps.weight", {E, I, H}, Init::Linear);

@@ -22,16 +22,25 @@ enum class WeightRole : uint8_t {
   FinalNorm,  // [hidden]
   LmHead,     // [vocab, hidden]; absent when tied to the embedding
   AttnNorm, Q, K, V, O, QBias, KBias, VBias, OBias, QNorm, KNorm,
+  Sinks,  // [n_heads] attention sink logits (gpt-oss)
+  // Multi-head latent attention (DeepSeek): q_a [q_lora, H] -> QANorm -> q_b [heads * qk_head, q_lora]
+  // (or Q [heads * qk_head, H] without q_lora_rank); kv_a [kv_lora + rope, H] -> KVANorm on the
+  // latent; kv_b [heads * (nope + v), kv_lora]; O [H, heads * v].
+  QA, QANorm, QB, KVA, KVANorm, KVB,
   MlpNorm,
   DenseGate, DenseUp, DenseDown,  // dense SwiGLU MLP
   Router,                         // [n_experts, hidden]
   RouterBias,                     // [n_experts], added to the router logits (gpt-oss; synthetic skew)
+  RouterCorrectionBias,           // [n_experts], added to the scores for the choice only (noaux_tc)
+  SharedGate, SharedUp, SharedDown,  // always-on experts, one SwiGLU of width n_shared * moe_intermediate
   // One routed expert's matrices (WeightKey::expert set): gate/up [I, H], down [H, I].
   ExpertGate, ExpertUp, ExpertDown,
   // All routed experts of a layer in one 3-D tensor [E, rows, cols]; a source offers these when it
   // stores experts fused. ExpertsGateUp is [E, 2I, H] with each expert's gate rows before its up rows.
   // A source may hand a fused tensor transposed ([E, H, I] for gate/up); the resolver tells from the shapes.
   ExpertsGate, ExpertsUp, ExpertsDown, ExpertsGateUp,
+  // Routed experts' biases over all experts: gate/up [E, I], down [E, H] (gpt-oss).
+  ExpertsGateBias, ExpertsUpBias, ExpertsDownBias,
 };
 
 const char* weight_role_name(WeightRole role);

@@ -105,6 +105,7 @@ ModelBytes account_weights(const ModelShape& shape, const TensorClassTypes& type
     const DType t = types[TensorClass::RoutedExperts];
     const int64_t I = s.moe_intermediate_size;
     mb.routed_expert_bytes = 2 * matrix_bytes(t, I, H) + matrix_bytes(t, H, I);
+    if (s.expert_bias) mb.routed_expert_bytes += 4 * (2 * I + H);  // gate, up and down biases (f32)
     mb.routed_expert_weights = 3 * I * H;
     note_fallback(TensorClass::RoutedExperts, H, "routed experts' gate/up");
     note_fallback(TensorClass::RoutedExperts, I, "routed experts' down");
@@ -114,16 +115,41 @@ ModelBytes account_weights(const ModelShape& shape, const TensorClassTypes& type
     LayerBytes lb;
     ClassBytes& w = lb.weights;
     const DType at = types[TensorClass::Attention];
-    w[TensorClass::Attention] = matrix_bytes(at, Q, H) + 2 * matrix_bytes(at, KV, H) + matrix_bytes(at, H, Q);
-    if (s.attention_bias) w[TensorClass::Attention] += 4 * (Q + 2 * KV + H);  // f32 biases
-    note_fallback(TensorClass::Attention, H, "attention q/k/v");
-    note_fallback(TensorClass::Attention, Q, "attention output");
     const DType nt = types[TensorClass::Norms];
     w[TensorClass::Norms] = 2 * matrix_bytes(nt, 1, H);
+    if (s.attention == AttentionKind::Mla) {
+      // q (through q_a -> norm -> q_b, or q_proj), kv_a (latent + rope key), kv_b, o.
+      const MlaSpec& m = s.mla;
+      const int64_t heads = s.n_heads, qk = m.qk_head_dim();
+      int64_t a = 0;
+      if (m.q_lora_rank > 0) {
+        a += matrix_bytes(at, m.q_lora_rank, H) + matrix_bytes(at, heads * qk, m.q_lora_rank);
+        w[TensorClass::Norms] += matrix_bytes(nt, 1, m.q_lora_rank);
+        note_fallback(TensorClass::Attention, m.q_lora_rank, "MLA q_b");
+      } else {
+        a += matrix_bytes(at, heads * qk, H);
+      }
+      a += matrix_bytes(at, m.kv_lora_rank + m.qk_rope_head_dim, H);
+      a += matrix_bytes(at, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank);
+      a += matrix_bytes(at, H, heads * m.v_head_dim);
+      w[TensorClass::Attention] = a;
+      w[TensorClass::Norms] += matrix_bytes(nt, 1, m.kv_lora_rank);
+      note_fallback(TensorClass::Attention, H, "MLA q/kv_a");
+      note_fallback(TensorClass::Attention, m.kv_lora_rank, "MLA kv_b");
+      note_fallback(TensorClass::Attention, heads * m.v_head_dim, "attention output");
+    } else {
+      w[TensorClass::Attention] = matrix_bytes(at, Q, H) + 2 * matrix_bytes(at, KV, H) + matrix_bytes(at, H, Q);
+      if (s.attention_bias) w[TensorClass::Attention] += 4 * (Q + 2 * KV + H);  // f32 biases
+      note_fallback(TensorClass::Attention, H, "attention q/k/v");
+      note_fallback(TensorClass::Attention, Q, "attention output");
+    }
+    if (s.attention_sinks) w[TensorClass::Attention] += 4 * s.n_heads;  // f32 sink logits
     if (s.qk_norm == QkNorm::PerHead) w[TensorClass::Norms] += 2 * matrix_bytes(nt, 1, s.head_dim);
     if (s.qk_norm == QkNorm::WholeProjection) w[TensorClass::Norms] += matrix_bytes(nt, 1, Q) + matrix_bytes(nt, 1, KV);
     if (s.layer_is_moe[size_t(l)]) {
       w[TensorClass::Router] = matrix_bytes(types[TensorClass::Router], s.n_experts, H);
+      if (s.router_bias) w[TensorClass::Router] += 4 * s.n_experts;
+      if (s.router.correction_bias) w[TensorClass::Router] += 4 * s.n_experts;  // f32, as checkpoints store it
       note_fallback(TensorClass::Router, H, "router");
       if (shape.shared.count > 0) {
         const DType st = types[TensorClass::SharedExperts];
@@ -151,8 +177,13 @@ int64_t workspace_bytes(const ModelShape& shape, const WorkspaceParams& params) 
   const ModelSpec& s = shape.spec;
   const int64_t T = params.max_batch_tokens, H = s.hidden_size, Q = s.q_dim(), KV = s.kv_dim();
   const int64_t rows = std::min(params.max_logit_rows, T);
-  // hidden state, norm output, MLP output; q and attention output; k and v; positions.
+  // hidden state, norm output, MLP output; q and attention output; k and v (MLA: the q latent,
+  // q, the latent + rope key, the attention output); positions.
   int64_t floats = 3 * T * H + 2 * T * Q + 2 * T * KV;
+  if (s.attention == AttentionKind::Mla) {
+    const MlaSpec& m = s.mla;
+    floats = 3 * T * H + T * (m.q_lora_rank + s.n_heads * (m.qk_head_dim() + m.v_head_dim) + m.cache_values());
+  }
   int64_t bytes = 4 * T;
   // The MLP block's scratch is reused across layers: the larger of the MoE and the dense one.
   int64_t moe = 0, dense = 0;
@@ -161,7 +192,7 @@ int64_t workspace_bytes(const ModelShape& shape, const WorkspaceParams& params) 
     // router logits; per routed token: gathered input, gate and up, output.
     moe = T * s.n_experts + T * k * (2 * H + 2 * I);
     bytes += T * k * 8;  // expert ids (int32) and weights (f32)
-    if (shape.shared.count > 0) moe += 2 * T * shape.shared.intermediate_size;
+    if (shape.shared.count > 0) moe += 2 * T * shape.shared.count * shape.shared.intermediate_size;
   }
   if (s.n_moe_layers() < s.n_layers) dense = 2 * T * s.intermediate_size;
   floats += std::max(moe, dense);

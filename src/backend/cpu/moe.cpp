@@ -30,19 +30,102 @@ void route_topk(const float* router_logits, int64_t n, int64_t n_experts, int64_
   }
 }
 
+void route_topk_softmax(const float* router_logits, int64_t n, int64_t n_experts, int64_t k, int32_t* ids,
+                        float* weights) {
+  std::vector<int32_t> order(static_cast<size_t>(n_experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* logits = router_logits + t * n_experts;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    const float max_logit = logits[order[0]];
+    float sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += weights[t * k + j] = std::exp(logits[order[size_t(j)]] - max_logit);
+    for (int64_t j = 0; j < k; ++j) {
+      ids[t * k + j] = order[size_t(j)];
+      weights[t * k + j] /= sum;
+    }
+  }
+}
+
+void route_sigmoid_grouped(const SigmoidRouterParams& p, const float* router_logits, int64_t n, int64_t n_experts,
+                           int64_t k, int32_t* ids, float* weights) {
+  const int64_t G = p.n_group, per_group = n_experts / G;
+  std::vector<float> score(static_cast<size_t>(n_experts)), choice(static_cast<size_t>(n_experts));
+  std::vector<float> group_score(static_cast<size_t>(G));
+  std::vector<int32_t> groups(static_cast<size_t>(G)), order(static_cast<size_t>(n_experts));
+  std::vector<bool> allowed(static_cast<size_t>(n_experts));
+  auto before = [](const std::vector<float>& v) {
+    return [&v](int32_t a, int32_t b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
+  };
+  for (int64_t t = 0; t < n; ++t) {
+    const float* logits = router_logits + t * n_experts;
+    for (int64_t e = 0; e < n_experts; ++e) {
+      score[size_t(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
+      choice[size_t(e)] = score[size_t(e)] + (p.correction_bias ? p.correction_bias[e] : 0.0f);
+    }
+    // Groups: each scored by the sum of its two best choice values; the topk_group best compete.
+    std::fill(allowed.begin(), allowed.end(), G == 1);
+    if (G > 1) {
+      for (int64_t g = 0; g < G; ++g) {
+        float best = -INFINITY, second = -INFINITY;
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+          const float c = choice[size_t(e)];
+          if (c > best) {
+            second = best;
+            best = c;
+          } else if (c > second) {
+            second = c;
+          }
+        }
+        group_score[size_t(g)] = best + second;
+      }
+      std::iota(groups.begin(), groups.end(), 0);
+      std::partial_sort(groups.begin(), groups.begin() + p.topk_group, groups.end(), before(group_score));
+      for (int64_t j = 0; j < p.topk_group; ++j)
+        for (int64_t e = groups[size_t(j)] * per_group; e < (groups[size_t(j)] + 1) * per_group; ++e)
+          allowed[size_t(e)] = true;
+    }
+    // Experts outside the chosen groups cannot be picked (DeepSeek's reference masks them with
+    // -inf; transformers' 0.0 agrees unless a chosen-group expert's score + bias is negative).
+    int64_t n_allowed = 0;
+    for (int64_t e = 0; e < n_experts; ++e)
+      if (allowed[size_t(e)]) order[size_t(n_allowed++)] = int32_t(e);
+    std::partial_sort(order.begin(), order.begin() + k, order.begin() + n_allowed, before(choice));
+    float sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += score[size_t(order[size_t(j)])];
+    const float norm = p.renormalise ? sum + 1e-20f : 1.0f;
+    // Output by descending weight (the observer's contract), ties to the lower id.
+    std::sort(order.begin(), order.begin() + k, before(score));
+    for (int64_t j = 0; j < k; ++j) {
+      ids[t * k + j] = order[size_t(j)];
+      weights[t * k + j] = score[size_t(order[size_t(j)])] / norm * p.routed_scaling_factor;
+    }
+  }
+}
+
 static inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-void swiglu_mlp(ThreadPool& pool, const float* x, int64_t n, const ExpertView& mlp, float* out) {
+void swiglu_mlp(ThreadPool& pool, const float* x, int64_t n, const ExpertView& mlp, float* out,
+                const ActivationParams& act) {
   const int64_t I = mlp.gate->rows();
   std::vector<float> gate(static_cast<size_t>(n * I)), up(static_cast<size_t>(n * I));
-  matmul(pool, x, n, *mlp.gate, gate.data());
-  matmul(pool, x, n, *mlp.up, up.data());
-  for (size_t i = 0; i < gate.size(); ++i) gate[i] = silu(gate[i]) * up[i];
-  matmul(pool, gate.data(), n, *mlp.down, out);
+  matmul(pool, x, n, *mlp.gate, gate.data(), mlp.gate_bias);
+  matmul(pool, x, n, *mlp.up, up.data(), mlp.up_bias);
+  if (act.kind == MlpActivation::ClampedSwiGLU) {
+    for (size_t i = 0; i < gate.size(); ++i) {
+      const float g = std::min(gate[i], act.limit), u = std::clamp(up[i], -act.limit, act.limit);
+      gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-act.alpha * g)));
+    }
+  } else {
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = silu(gate[i]) * up[i];
+  }
+  matmul(pool, gate.data(), n, *mlp.down, out, mlp.down_bias);
 }
 
 void moe_experts(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, int64_t k, const int32_t* ids,
-                 const float* weights, std::span<const ExpertView> experts, float* out) {
+                 const float* weights, std::span<const ExpertView> experts, float* out, const ActivationParams& act) {
   // Group (token, slot) pairs by expert so each expert's weights are read once per step.
   const int64_t E = int64_t(experts.size());
   std::vector<std::vector<int64_t>> routed(static_cast<size_t>(E));  // entries: token * k + slot
@@ -57,7 +140,7 @@ void moe_experts(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, in
     ye.resize(static_cast<size_t>(m * hidden));
     for (int64_t r = 0; r < m; ++r)
       std::copy_n(x + (entries[size_t(r)] / k) * hidden, hidden, xe.data() + r * hidden);
-    swiglu_mlp(pool, xe.data(), m, experts[size_t(e)], ye.data());
+    swiglu_mlp(pool, xe.data(), m, experts[size_t(e)], ye.data(), act);
     // A token's contributions are added in ascending expert order whatever the batch is.
     for (int64_t r = 0; r < m; ++r) {
       const int64_t token = entries[size_t(r)] / k;

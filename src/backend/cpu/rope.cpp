@@ -7,8 +7,9 @@ namespace spill::cpu {
 
 // Frequencies as transformers computes them (modeling_rope_utils.py), in float32 where it
 // uses float32, so positions far out still agree with the reference.
-RopeTable make_rope_table(const RopeSpec& rope, int64_t head_dim) {
+RopeTable make_rope_table(const RopeSpec& rope, int64_t head_dim, bool interleaved) {
   RopeTable t;
+  t.interleaved = interleaved;
   const int64_t half = head_dim / 2;
   t.inv_freq.resize(static_cast<size_t>(half));
   const float base = float(rope.theta);
@@ -64,9 +65,9 @@ RopeTable make_rope_table(const RopeSpec& rope, int64_t head_dim) {
   return t;
 }
 
-void apply_rope(const RopeTable& table, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                const int32_t* positions) {
-  const int64_t half = head_dim / 2;
+void apply_rope(const RopeTable& table, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_stride,
+                const int32_t* positions, int64_t offset) {
+  const int64_t half = int64_t(table.inv_freq.size());
   std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float pos = float(positions[t]);
@@ -76,11 +77,15 @@ void apply_rope(const RopeTable& table, float* x, int64_t n_tokens, int64_t n_he
       sin_v[size_t(i)] = std::sin(angle) * table.attention_factor;
     }
     for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * head_dim;
+      float* v = x + (t * n_heads + h) * head_stride + offset;
+      // Pair i is (i, i + half), or (2i, 2i + 1) interleaved; both rotate by frequency i.
+      const int64_t step = table.interleaved ? 2 : 1, partner = table.interleaved ? 1 : half;
       for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cos_v[size_t(i)] - b * sin_v[size_t(i)];
-        v[i + half] = b * cos_v[size_t(i)] + a * sin_v[size_t(i)];
+        float* a = v + i * step;
+        float* b = a + partner;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * cos_v[size_t(i)] - x1 * sin_v[size_t(i)];
+        *b = x1 * cos_v[size_t(i)] + x0 * sin_v[size_t(i)];
       }
     }
   }
