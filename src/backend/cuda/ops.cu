@@ -1,0 +1,660 @@
+#include "backend/cuda/ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace spill::cuda {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+unsigned grid_dim(int64_t v, const char* op) {
+  if (v <= 0 || v > 2147483647) throw_error(std::string(op) + ": grid of " + str(v) + " blocks is out of range");
+  return unsigned(v);
+}
+
+void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+__device__ __forceinline__ float bf16_bits(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+template <class W>
+__device__ __forceinline__ float load_w(const W* p, int64_t i);
+template <>
+__device__ __forceinline__ float load_w<float>(const float* p, int64_t i) { return p[i]; }
+template <>
+__device__ __forceinline__ float load_w<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
+  return bf16_bits(reinterpret_cast<const uint16_t*>(p)[i]);
+}
+template <>
+__device__ __forceinline__ float load_w<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
+
+template <class F>
+void dispatch_float_type(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::F32: f(float{}); break;
+    case DType::BF16: f(__nv_bfloat16{}); break;
+    case DType::F16: f(__half{}); break;
+    default: throw_error(std::string(op) + ": no kernel for " + std::string(dtype_name(t)) + " weights (F32, BF16, F16)");
+  }
+}
+
+// ---- block reductions (fixed order: per-thread strided partials, warp butterfly, warps in order) ----
+
+constexpr int kBlock = 128;
+constexpr int kWarpsPerBlock = kBlock / 32;
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int o = 16; o >= 1; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_f(float v) {
+  for (int o = 16; o >= 1; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_max_f(float v) {
+  for (int o = 16; o >= 1; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// 1 / sqrt(mean(x^2) + eps) of one row, for a block of kBlock threads; every thread gets it.
+__device__ float rms_scale(const float* x, int64_t dim, double eps) {
+  __shared__ double warp_part[kWarpsPerBlock];
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < dim; j += kBlock) s = __fma_rn(double(x[j]), double(x[j]), s);
+  s = warp_sum_d(s);
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
+  __syncthreads();
+  double total = warp_part[0];
+  for (int w = 1; w < kWarpsPerBlock; ++w) total = __dadd_rn(total, warp_part[w]);
+  __syncthreads();  // warp_part may be reused by the caller's next call
+  return float(1.0 / sqrt(total / double(dim) + eps));
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+template <class W>
+__global__ void embed_float_kernel(const W* table, int64_t hidden, const int32_t* ids, float* out) {
+  const int64_t row = ids[blockIdx.x];
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x)
+    out[int64_t(blockIdx.x) * hidden + j] = load_w(table, row * hidden + j);
+}
+
+// Q8_0: blocks of 34 bytes, an f16 scale then 32 int8; value = q * d.
+__global__ void embed_q8_0_kernel(const uint8_t* table, int64_t hidden, const int32_t* ids, float* out) {
+  const int64_t row = ids[blockIdx.x];
+  const int64_t blocks = hidden / 32;
+  const uint8_t* r = table + row * blocks * 34;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    const uint8_t* b = r + (j / 32) * 34;
+    const float d = __half2float(__ushort_as_half(uint16_t(b[0] | (b[1] << 8))));
+    out[int64_t(blockIdx.x) * hidden + j] = __fmul_rn(float(int8_t(b[2 + j % 32])), d);
+  }
+}
+
+// ---- norms ---------------------------------------------------------------------------------------
+
+__global__ void rmsnorm_kernel(RmsNormArgs a) {
+  const int64_t r = blockIdx.x;
+  const int64_t i = a.rows ? a.rows[r] : r;
+  float* x = a.x + i * a.ld_x;
+  if (a.residual) {
+    const float* res = a.residual + i * a.ld_x;
+    for (int64_t j = threadIdx.x; j < a.dim; j += kBlock) x[j] = __fadd_rn(x[j], res[j]);
+  }
+  __syncthreads();
+  const float scale = rms_scale(x, a.dim, a.eps);
+  float* o = a.out + r * a.ld_out;
+  for (int64_t j = threadIdx.x; j < a.dim; j += kBlock) o[j] = __fmul_rn(a.weight[j], __fmul_rn(x[j], scale));
+}
+
+// blockIdx.x: token; blockIdx.y: head (q heads, then k heads) or 0/1 (whole q / whole k).
+__global__ void qk_norm_kernel(QkNormArgs a) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  float* x;
+  const float* w;
+  int64_t dim;
+  if (a.per_head) {
+    const bool is_q = h < a.n_heads;
+    x = is_q ? a.q + t * a.ld_q + h * a.head_dim : a.k + t * a.ld_k + (h - a.n_heads) * a.head_dim;
+    w = is_q ? a.q_weight : a.k_weight;
+    dim = a.head_dim;
+  } else {
+    x = h == 0 ? a.q + t * a.ld_q : a.k + t * a.ld_k;
+    w = h == 0 ? a.q_weight : a.k_weight;
+    dim = (h == 0 ? a.n_heads : a.n_kv_heads) * a.head_dim;
+  }
+  const float scale = rms_scale(x, dim, a.eps);
+  for (int64_t j = threadIdx.x; j < dim; j += kBlock) x[j] = __fmul_rn(w[j], __fmul_rn(x[j], scale));
+}
+
+// ---- RoPE + KV write -----------------------------------------------------------------------------
+
+__device__ __forceinline__ float clip_value(float v, float c) { return c > 0 ? fminf(fmaxf(v, -c), c) : v; }
+
+template <class KV>
+__device__ __forceinline__ KV to_kv(float v);
+template <>
+__device__ __forceinline__ float to_kv<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_kv<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <class KV>
+__device__ __forceinline__ float from_kv(KV v);
+template <>
+__device__ __forceinline__ float from_kv<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float from_kv<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class KV>
+__global__ void rope_kv_kernel(RopeKvArgs a) {
+  const int64_t t = blockIdx.x;
+  const int64_t D = a.head_dim, half = D / 2;
+  const float pos = float(a.positions[t]);
+  KV* kc = static_cast<KV*>(a.k_cache) + a.slots[t] * a.n_kv_heads * D;
+  KV* vc = static_cast<KV*>(a.v_cache) + a.slots[t] * a.n_kv_heads * D;
+  const int64_t rot_items = (a.n_heads + a.n_kv_heads) * half;
+  for (int64_t it = threadIdx.x; it < rot_items; it += blockDim.x) {
+    const int64_t h = it / half, i = it % half;
+    const float angle = __fmul_rn(pos, a.inv_freq[i]);
+    float s, c;
+    sincosf(angle, &s, &c);
+    c = __fmul_rn(c, a.attention_factor);
+    s = __fmul_rn(s, a.attention_factor);
+    if (h < a.n_heads) {
+      float* v = a.q + t * a.ld_q + h * D;
+      const float x0 = clip_value(v[i], a.clip), x1 = clip_value(v[i + half], a.clip);
+      v[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+      v[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    } else {
+      const int64_t kh = h - a.n_heads;
+      const float* v = a.k + t * a.ld_k + kh * D;
+      const float x0 = clip_value(v[i], a.clip), x1 = clip_value(v[i + half], a.clip);
+      kc[kh * D + i] = to_kv<KV>(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+      kc[kh * D + i + half] = to_kv<KV>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+    }
+  }
+  for (int64_t j = threadIdx.x; j < a.n_kv_heads * D; j += blockDim.x)
+    vc[j] = to_kv<KV>(clip_value(a.v[t * a.ld_v + j], a.clip));
+}
+
+// ---- paged attention -----------------------------------------------------------------------------
+// One block of kWarpsPerBlock warps per (token, head, partition of kAttentionPartition positions).
+// The partition is cut in tiles of 32 positions; tile i goes to warp i % kWarpsPerBlock. In a tile,
+// lane j scores position j (a sequential dot over head_dim), the warp takes the tile's max and the
+// butterfly sum of exp(score - max), and each lane accumulates its head_dim / 32 output values over
+// the tile's positions in order (online softmax). The warps' states are merged in warp order, the
+// partitions' in partition order (a second kernel when there are several).
+
+constexpr int kMaxPerLane = kMaxHeadDim / 32;
+
+struct SoftmaxState {
+  float m, l;
+};
+
+template <class KV>
+__global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int32_t n_parts_grid) {
+  const int64_t th = blockIdx.x;  // token * n_heads + head
+  const int64_t t = th / a.n_heads, h = th % a.n_heads;
+  const int part = blockIdx.y;
+  const int32_t n_pos = a.positions[t] + 1;
+  const int32_t n_parts = (n_pos + kAttentionPartition - 1) / kAttentionPartition;
+  if (part >= n_parts) return;
+  const int64_t D = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t row_elems = a.n_kv_heads * D;
+  const int32_t* table = a.block_tables + a.table_offset[t];
+  const float scale = 1.0f / sqrtf(float(D));
+
+  __shared__ float q_s[kMaxHeadDim];
+  __shared__ float m_s[kWarpsPerBlock], l_s[kWarpsPerBlock];
+  __shared__ float acc_s[kWarpsPerBlock][kMaxHeadDim];
+  for (int64_t d = threadIdx.x; d < D; d += kBlock) q_s[d] = a.q[t * a.ld_q + h * D + d];
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t p_begin = part * kAttentionPartition;
+  const int32_t p_end = min(n_pos, p_begin + kAttentionPartition);
+  const int per_lane = int((D + 31) / 32);
+  float m = -INFINITY, l = 0.0f;
+  float acc[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
+  const KV* kc = static_cast<const KV*>(a.k_cache);
+  const KV* vc = static_cast<const KV*>(a.v_cache);
+
+  for (int32_t tile = p_begin + warp * 32; tile < p_end; tile += kWarpsPerBlock * 32) {
+    const int32_t p = tile + lane;
+    float s = -INFINITY;
+    if (p < p_end) {
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      const KV* k = kc + slot * row_elems + kvh * D;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < D; ++d) dot = __fmaf_rn(q_s[d], from_kv(k[d]), dot);
+      s = __fmul_rn(dot, scale);
+    }
+    const float m_new = fmaxf(m, warp_max_f(s));
+    const float corr = expf(__fsub_rn(m, m_new));  // 0 on the first tile (m = -inf)
+    const float pr = p < p_end ? expf(__fsub_rn(s, m_new)) : 0.0f;
+    l = __fadd_rn(__fmul_rn(l, corr), warp_sum_f(pr));
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) acc[i] = __fmul_rn(acc[i], corr);
+    const int32_t count = min(32, p_end - tile);
+    for (int j = 0; j < count; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, pr, j);
+      const int32_t pp = tile + j;
+      const int64_t slot = int64_t(table[pp / a.block_size]) * a.block_size + pp % a.block_size;
+      const KV* v = vc + slot * row_elems + kvh * D;
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) {
+        const int64_t d = lane + 32 * i;
+        if (i < per_lane && d < D) acc[i] = __fmaf_rn(pj, from_kv(v[d]), acc[i]);
+      }
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    m_s[warp] = m;
+    l_s[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int64_t d = lane + 32 * i;
+    if (i < per_lane && d < D) acc_s[warp][d] = acc[i];
+  }
+  __syncthreads();
+  // Merge the warps in order (a warp with no tile has m = -inf and weight 0).
+  float M = m_s[0];
+  for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w]);
+  float L = 0.0f;
+  for (int w = 0; w < kWarpsPerBlock; ++w)
+    if (m_s[w] != -INFINITY) L = __fadd_rn(L, __fmul_rn(l_s[w], expf(__fsub_rn(m_s[w], M))));
+  for (int64_t d = threadIdx.x; d < D; d += kBlock) {
+    float o = 0.0f;
+    for (int w = 0; w < kWarpsPerBlock; ++w)
+      if (m_s[w] != -INFINITY) o = __fmaf_rn(acc_s[w][d], expf(__fsub_rn(m_s[w], M)), o);
+    if (n_parts == 1) {
+      a.out[t * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
+    } else {
+      float* ws = a.workspace + (th * n_parts_grid + part) * (D + 2);
+      ws[2 + d] = o;
+      if (d == 0) {
+        ws[0] = M;
+        ws[1] = L;
+      }
+    }
+  }
+}
+
+// Merges the partitions of every (token, head) that has more than one, in partition order.
+__global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
+  const int64_t th = blockIdx.x;
+  const int64_t t = th / a.n_heads, h = th % a.n_heads;
+  const int32_t n_pos = a.positions[t] + 1;
+  const int32_t n_parts = (n_pos + kAttentionPartition - 1) / kAttentionPartition;
+  if (n_parts <= 1) return;
+  const int64_t D = a.head_dim;
+  const float* ws = a.workspace + th * n_parts_grid * (D + 2);
+  float M = ws[0];
+  for (int p = 1; p < n_parts; ++p) M = fmaxf(M, ws[p * (D + 2)]);
+  float L = 0.0f;
+  for (int p = 0; p < n_parts; ++p)
+    L = __fadd_rn(L, __fmul_rn(ws[p * (D + 2) + 1], expf(__fsub_rn(ws[p * (D + 2)], M))));
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.0f;
+    for (int p = 0; p < n_parts; ++p)
+      o = __fmaf_rn(ws[p * (D + 2) + 2 + d], expf(__fsub_rn(ws[p * (D + 2)], M)), o);
+    a.out[t * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
+  }
+}
+
+// ---- router ----------------------------------------------------------------------------------------
+// One warp per token. Probabilities in shared memory; k rounds of a warp argmax (ties to the lower id).
+__global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
+                                  float* weights) {
+  extern __shared__ float probs[];
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x;
+  const float* l = logits + t * n_experts;
+  float mx = -INFINITY;
+  for (int64_t e = lane; e < n_experts; e += 32) mx = fmaxf(mx, l[e]);
+  mx = warp_max_f(mx);
+  float s = 0.0f;
+  for (int64_t e = lane; e < n_experts; e += 32) {
+    const float v = expf(__fsub_rn(l[e], mx));
+    probs[e] = v;
+    s = __fadd_rn(s, v);
+  }
+  s = warp_sum_f(s);
+  for (int64_t e = lane; e < n_experts; e += 32) probs[e] = __fdiv_rn(probs[e], s);
+  __syncwarp();
+  float top_sum = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    float best = -1.0f;
+    int32_t best_id = 0x7fffffff;
+    for (int64_t e = lane; e < n_experts; e += 32)
+      if (probs[e] > best) {  // ascending e: the first maximum of this lane is its lowest id
+        best = probs[e];
+        best_id = int32_t(e);
+      }
+    for (int o = 16; o >= 1; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oi < best_id)) {
+        best = ob;
+        best_id = oi;
+      }
+    }
+    if (best_id == 0x7fffffff) best_id = 0, best = 0.0f;  // all NaN: never happens with finite logits
+    if (lane == 0) {
+      ids[t * k + j] = best_id;
+      weights[t * k + j] = best;
+      probs[best_id] = -2.0f;  // taken
+    }
+    top_sum = __fadd_rn(top_sum, best);
+    __syncwarp();
+  }
+  if (renormalise && lane == 0)
+    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = __fdiv_rn(weights[t * k + j], top_sum);
+}
+
+// ---- elementwise -----------------------------------------------------------------------------------
+
+__device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, int64_t width, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t t = i / width, c = i % width;
+  const float g = up ? gate[i] : gate[t * 2 * width + c];
+  const float u = up ? up[i] : gate[t * 2 * width + width + c];
+  out[i] = __fmul_rn(silu(g), u);
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * cols) y[i] = __fadd_rn(y[i], bias[i % cols]);
+}
+
+// ---- dense matmul of float weights -------------------------------------------------------------------
+// One block of kBlock threads per (row, group of up to 8 tokens): thread i takes k = i, i + kBlock, ...
+// (one fma chain per token), then the warp butterfly and the warps in order.
+constexpr int kTokenGroup = 8;
+
+template <class W>
+__device__ __forceinline__ void block_dot_tokens(const W* w, int64_t cols, const float* x, int64_t ldx, int nt,
+                                                 float out[kTokenGroup]) {
+  __shared__ float part[kWarpsPerBlock][kTokenGroup];
+  float acc[kTokenGroup];
+#pragma unroll
+  for (int t = 0; t < kTokenGroup; ++t) acc[t] = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += kBlock) {
+    const float wv = load_w(w, c);
+#pragma unroll
+    for (int t = 0; t < kTokenGroup; ++t)
+      if (t < nt) acc[t] = __fmaf_rn(wv, x[t * ldx + c], acc[t]);
+  }
+#pragma unroll
+  for (int t = 0; t < kTokenGroup; ++t) {
+    const float s = warp_sum_f(acc[t]);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32][t] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kTokenGroup; ++t) {
+    float s = part[0][t];
+    for (int wp = 1; wp < kWarpsPerBlock; ++wp) s = __fadd_rn(s, part[wp][t]);
+    out[t] = s;
+  }
+  __syncthreads();
+}
+
+template <class W>
+__global__ void __launch_bounds__(kBlock) matmul_float_kernel(const W* w, int64_t rows, int64_t cols, const float* x,
+                                                              int64_t n, const float* bias, float* y) {
+  const int64_t row = blockIdx.x, t0 = int64_t(blockIdx.y) * kTokenGroup;
+  const int nt = int(min(int64_t(kTokenGroup), n - t0));
+  float out[kTokenGroup];
+  block_dot_tokens(w + row * cols, cols, x + t0 * cols, cols, nt, out);
+  if (threadIdx.x < nt) {
+    float v = out[0];
+#pragma unroll
+    for (int t = 1; t < kTokenGroup; ++t)
+      if (t == int(threadIdx.x)) v = out[t];
+    if (bias) v = __fadd_rn(v, bias[row]);
+    y[(t0 + threadIdx.x) * rows + row] = v;
+  }
+}
+
+// ---- routed experts of float weights ---------------------------------------------------------------
+
+__device__ __forceinline__ bool valid_expert(int32_t id, int32_t n) { return id >= 0 && id < n; }
+
+// blockIdx.x: row of the expert width; blockIdx.y: (token, slot) pair.
+template <class W>
+__global__ void __launch_bounds__(kBlock) moe_float_gate_up_kernel(MoeFloatArgs a, float* act) {
+  const int64_t i = blockIdx.x, pair = blockIdx.y;
+  const int32_t id = a.ids[pair];
+  if (!valid_expert(id, a.n_experts)) return;
+  const ExpertWeights e = a.table[id];
+  const float* x = a.x + (pair / a.top_k) * a.hidden;
+  float g[kTokenGroup], u[kTokenGroup];
+  block_dot_tokens(static_cast<const W*>(e.gate) + i * a.hidden, a.hidden, x, a.hidden, 1, g);
+  block_dot_tokens(static_cast<const W*>(e.up) + i * a.hidden, a.hidden, x, a.hidden, 1, u);
+  if (threadIdx.x == 0) act[pair * a.width + i] = __fmul_rn(silu(g[0]), u[0]);
+}
+
+template <class W>
+__global__ void __launch_bounds__(kBlock) moe_float_down_kernel(MoeFloatArgs a, const float* act, float* partial) {
+  const int64_t j = blockIdx.x, pair = blockIdx.y;
+  const int32_t id = a.ids[pair];
+  if (!valid_expert(id, a.n_experts)) {
+    if (threadIdx.x == 0) partial[pair * a.hidden + j] = 0.0f;
+    return;
+  }
+  const ExpertWeights e = a.table[id];
+  float y[kTokenGroup];
+  block_dot_tokens(static_cast<const W*>(e.down) + j * a.width, a.width, act + pair * a.width, a.width, 1, y);
+  if (threadIdx.x == 0) partial[pair * a.hidden + j] = __fmul_rn(a.weights[pair], y[0]);
+}
+
+__global__ void moe_float_sum_kernel(MoeFloatArgs a, const float* partial) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n * a.hidden) return;
+  const int64_t t = i / a.hidden, j = i % a.hidden;
+  const float* p = partial + t * a.top_k * a.hidden + j;
+  float s = p[0];
+  for (int32_t slot = 1; slot < a.top_k; ++slot) s = __fadd_rn(s, p[slot * a.hidden]);
+  a.out[i] = s;
+}
+
+// ---- argmax -----------------------------------------------------------------------------------------
+
+__global__ void argmax_kernel(const float* x, int64_t cols, int32_t* ids) {
+  __shared__ float bv[kBlock];
+  __shared__ int32_t bi[kBlock];
+  const float* r = x + int64_t(blockIdx.x) * cols;
+  float best = -INFINITY;
+  int32_t idx = 0x7fffffff;
+  for (int64_t c = threadIdx.x; c < cols; c += kBlock)
+    if (r[c] > best || (idx == 0x7fffffff && r[c] == best)) {
+      best = r[c];
+      idx = int32_t(c);
+    }
+  bv[threadIdx.x] = best;
+  bi[threadIdx.x] = idx;
+  __syncthreads();
+  for (int s = kBlock / 2; s >= 1; s >>= 1) {
+    if (int(threadIdx.x) < s) {
+      const float ov = bv[threadIdx.x + s];
+      const int32_t oi = bi[threadIdx.x + s];
+      if (ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < bi[threadIdx.x])) {
+        bv[threadIdx.x] = ov;
+        bi[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ids[blockIdx.x] = bi[0] == 0x7fffffff ? 0 : bi[0];
+}
+
+unsigned blocks_for(int64_t count, int threads, const char* op) { return grid_dim((count + threads - 1) / threads, op); }
+
+}  // namespace
+
+// ---- host entry points ---------------------------------------------------------------------------
+
+bool embed_rows_supported(DType type) {
+  return type == DType::F32 || type == DType::BF16 || type == DType::F16 || type == DType::Q8_0;
+}
+
+void embed_rows(const void* table, DType type, int64_t vocab, int64_t hidden, const int32_t* ids, int64_t n,
+                float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (!embed_rows_supported(type))
+    throw_error(std::string("embedding rows: no device kernel for ") + std::string(dtype_name(type)) + " (F32, BF16, F16, Q8_0)");
+  if (hidden <= 0 || !row_fits(type, hidden)) throw_error("embedding rows: bad width " + str(hidden));
+  const unsigned grid = grid_dim(n, "embedding rows");
+  if (type == DType::Q8_0) {
+    embed_q8_0_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(table), hidden, ids, out);
+  } else {
+    dispatch_float_type(type, "embedding rows", [&](auto w) {
+      using W = decltype(w);
+      embed_float_kernel<W><<<grid, 256, 0, stream>>>(static_cast<const W*>(table), hidden, ids, out);
+    });
+  }
+  check_launch("launching the embedding kernel");
+}
+
+void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
+  if (args.n <= 0) return;
+  if (args.dim <= 0 || !args.x || !args.weight || !args.out) throw_error("rmsnorm: bad arguments (dim " + str(args.dim) + ")");
+  RmsNormArgs a = args;
+  if (a.ld_x == 0) a.ld_x = a.dim;
+  if (a.ld_out == 0) a.ld_out = a.dim;
+  rmsnorm_kernel<<<grid_dim(a.n, "rmsnorm"), kBlock, 0, stream>>>(a);
+  check_launch("launching the RMSNorm kernel");
+}
+
+void qk_norm(const QkNormArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.head_dim <= 0 || a.n_heads <= 0 || a.n_kv_heads <= 0) throw_error("q/k norm: bad head shape");
+  const dim3 grid(grid_dim(a.n, "q/k norm"), unsigned(a.per_head ? a.n_heads + a.n_kv_heads : 2));
+  qk_norm_kernel<<<grid, kBlock, 0, stream>>>(a);
+  check_launch("launching the q/k norm kernel");
+}
+
+void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > kMaxHeadDim)
+    throw_error("RoPE: head_dim " + str(a.head_dim) + " must be even and at most " + str(kMaxHeadDim));
+  const unsigned grid = grid_dim(a.n, "RoPE");
+  if (a.kv_type == DType::F32) rope_kv_kernel<float><<<grid, kBlock, 0, stream>>>(a);
+  else if (a.kv_type == DType::BF16) rope_kv_kernel<__nv_bfloat16><<<grid, kBlock, 0, stream>>>(a);
+  else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+  check_launch("launching the RoPE/KV-write kernel");
+}
+
+int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions) {
+  const int64_t parts = (int64_t(max_positions) + kAttentionPartition - 1) / kAttentionPartition;
+  return parts <= 1 ? 0 : max_tokens * n_heads * parts * (head_dim + 2);
+}
+
+void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
+    throw_error("attention: bad head shape (" + str(a.n_heads) + " q heads, " + str(a.n_kv_heads) +
+                " kv heads of " + str(a.head_dim) + "; head_dim at most " + str(kMaxHeadDim) + ")");
+  if (a.max_positions <= 0 || a.block_size <= 0) throw_error("attention: bad max_positions or block size");
+  const int32_t parts = (a.max_positions + kAttentionPartition - 1) / kAttentionPartition;
+  if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
+  const dim3 grid(grid_dim(a.n * a.n_heads, "attention"), unsigned(parts));
+  if (a.kv_type == DType::F32) attention_kernel<float><<<grid, kBlock, 0, stream>>>(a, parts);
+  else if (a.kv_type == DType::BF16) attention_kernel<__nv_bfloat16><<<grid, kBlock, 0, stream>>>(a, parts);
+  else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+  check_launch("launching the attention kernel");
+  if (parts > 1) {
+    attention_merge_kernel<<<grid.x, kBlock, 0, stream>>>(a, parts);
+    check_launch("launching the attention merge kernel");
+  }
+}
+
+void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
+                float* weights, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (n_experts <= 0 || n_experts > 8192 || k <= 0 || k > n_experts)
+    throw_error("router: need 1 <= top_k (" + str(k) + ") <= n_experts (" + str(n_experts) + ") <= 8192");
+  route_topk_kernel<<<grid_dim(n, "router"), 32, size_t(n_experts) * sizeof(float), stream>>>(logits, n_experts, k,
+                                                                                            renormalise, ids, weights);
+  check_launch("launching the router kernel");
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, int64_t width, float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  silu_mul_kernel<<<blocks_for(n * width, 256, "silu*up"), 256, 0, stream>>>(gate, up, n, width, out);
+  check_launch("launching the SiLU*up kernel");
+}
+
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  add_kernel<<<blocks_for(count, 256, "add"), 256, 0, stream>>>(x, y, count);
+  check_launch("launching the add kernel");
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0) return;
+  add_bias_kernel<<<blocks_for(rows * cols, 256, "bias"), 256, 0, stream>>>(y, bias, rows, cols);
+  check_launch("launching the bias kernel");
+}
+
+bool matmul_float_supported(DType type) { return type == DType::F32 || type == DType::BF16 || type == DType::F16; }
+
+void matmul_float(const void* w, DType type, int64_t rows, int64_t cols, const float* x, int64_t n,
+                  const float* bias, float* y, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (rows <= 0 || cols <= 0) throw_error("matmul: bad shape " + str(rows) + " x " + str(cols));
+  const dim3 grid(grid_dim(rows, "matmul"), grid_dim((n + kTokenGroup - 1) / kTokenGroup, "matmul"));
+  dispatch_float_type(type, "matmul", [&](auto tag) {
+    using W = decltype(tag);
+    matmul_float_kernel<W><<<grid, kBlock, 0, stream>>>(static_cast<const W*>(w), rows, cols, x, n, bias, y);
+  });
+  check_launch("launching the float matmul kernel");
+}
+
+int64_t moe_float_workspace_bytes(int64_t max_tokens, int32_t top_k, int64_t hidden, int64_t width) {
+  return max_tokens * top_k * (width + hidden) * int64_t(sizeof(float));
+}
+
+void moe_experts_float(const MoeFloatArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.hidden <= 0 || a.width <= 0 || a.top_k <= 0 || a.top_k > a.n_experts)
+    throw_error("float MoE: bad shape (hidden " + str(a.hidden) + ", width " + str(a.width) + ", top-" +
+                str(a.top_k) + " of " + str(a.n_experts) + ")");
+  float* act = static_cast<float*>(a.workspace);
+  float* partial = act + a.n * a.top_k * a.width;
+  const unsigned pairs = grid_dim(a.n * a.top_k, "float MoE");
+  dispatch_float_type(a.type, "float MoE", [&](auto tag) {
+    using W = decltype(tag);
+    moe_float_gate_up_kernel<W><<<dim3(grid_dim(a.width, "float MoE"), pairs), kBlock, 0, stream>>>(a, act);
+    check_launch("launching the float MoE gate/up kernel");
+    moe_float_down_kernel<W><<<dim3(grid_dim(a.hidden, "float MoE"), pairs), kBlock, 0, stream>>>(a, act, partial);
+    check_launch("launching the float MoE down kernel");
+  });
+  moe_float_sum_kernel<<<blocks_for(a.n * a.hidden, 256, "float MoE"), 256, 0, stream>>>(a, partial);
+  check_launch("launching the float MoE sum kernel");
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, cudaStream_t stream) {
+  if (rows <= 0) return;
+  argmax_kernel<<<grid_dim(rows, "argmax"), kBlock, 0, stream>>>(x, cols, ids);
+  check_launch("launching the argmax kernel");
+}
+
+}  // namespace spill::cuda

@@ -1,0 +1,339 @@
+// The CUDA runner end to end against the CPU runner (src/model/decoder.cpp), the reference: the
+// same steps on both, logits compared within a bound from the arithmetic, greedy tokens identical;
+// prefill chunks and decodes mixed in one step; shuffled block tables; batch invariance on the GPU
+// (a sequence's logits bit-identical alone or batched); bad input as spill::Error.
+//
+// The bound. Each dot product of K terms is within gamma_K sum |x w| of exact on either side, so
+// the CPU's and the GPU's differ by 2 gamma_K relative to sum |x w|. A layer chains the q/k/v,
+// attention score, attention output, o, router, gate/up and down dots; RMSNorm renormalises each
+// layer's input, so to first order their relative errors add along the chain:
+//   eps = sum over layers of sum over the chain's dots of 2 gamma_K  (+ 2 x 2^-9 per layer for a
+//   BF16 KV cache: K and V rounded once each),
+// and a logit is off by at most eps times the largest |logit| (the head's sum |x w| is of that
+// size for these models, whose logits are spread by design). Greedy picks must agree exactly.
+#include <gtest/gtest.h>
+
+#if SPILL_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_runner.h"
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "model/model.h"
+#include "model/runner.h"
+#include "test_models.h"
+
+namespace spill {
+namespace {
+
+using testing::RandomModelParams;
+using testing::TempDir;
+using testing::write_random_model;
+
+constexpr double kU = 1.0 / 16777216.0;
+double gamma(int64_t m) { return double(m) * kU / (1.0 - double(m) * kU); }
+
+double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv) {
+  const int64_t H = s.hidden_size, D = s.head_dim;
+  const int64_t I = std::max(s.intermediate_size, s.moe_intermediate_size);
+  double per_layer = 2 * (gamma(H) + gamma(D) + gamma(max_positions + 32) + gamma(s.q_dim()) + gamma(H) + gamma(H) +
+                          gamma(I) + gamma(std::max<int64_t>(s.n_experts_per_token, 1)));
+  if (kv == DType::BF16) per_layer += 2 * std::ldexp(1.0, -9);
+  return double(s.n_layers) * per_layer + 2 * gamma(H);
+}
+
+// One sequence's part of a step, with its own block table.
+struct Part {
+  int seq;
+  std::vector<int32_t> tokens;
+  int32_t start_pos;
+  bool want_logits = true;
+};
+
+struct Steps {
+  int32_t block_size = 4;
+  std::vector<std::vector<int32_t>> tables;  // per sequence
+  ForwardBatch make(const std::vector<Part>& parts, bool all_logits) const {
+    ForwardBatch b;
+    b.all_logits = all_logits;
+    for (const Part& p : parts) {
+      SeqChunk c;
+      c.first_token = int32_t(b.tokens.size());
+      c.n_tokens = int32_t(p.tokens.size());
+      c.start_pos = p.start_pos;
+      c.block_table = tables[size_t(p.seq)];
+      c.want_logits = p.want_logits;
+      b.tokens.insert(b.tokens.end(), p.tokens.begin(), p.tokens.end());
+      b.seqs.push_back(c);
+    }
+    return b;
+  }
+};
+
+// Block tables for n_seqs sequences of up to max_len positions: shuffled, disjoint.
+Steps make_steps(int n_seqs, int32_t max_len, int32_t block_size, int64_t* n_blocks, uint32_t seed) {
+  Steps s;
+  s.block_size = block_size;
+  const int32_t per = (max_len + block_size - 1) / block_size;
+  std::vector<int32_t> pool(size_t(per * n_seqs + 5));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), std::mt19937(seed));
+  for (int i = 0; i < n_seqs; ++i) s.tables.emplace_back(pool.begin() + i * per, pool.begin() + (i + 1) * per);
+  *n_blocks = int64_t(pool.size());
+  return s;
+}
+
+int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
+
+// Compares two logit sets; returns max |diff| / tolerance.
+double compare_logits(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t vocab, double eps,
+                      const std::string& what) {
+  EXPECT_EQ(gpu.size(), cpu.size()) << what;
+  if (gpu.size() != cpu.size()) return 1e9;
+  double worst = 0;
+  for (size_t r = 0; r * size_t(vocab) < cpu.size(); ++r) {
+    const float* c = cpu.data() + r * size_t(vocab);
+    const float* g = gpu.data() + r * size_t(vocab);
+    double max_abs = 0;
+    for (int64_t j = 0; j < vocab; ++j) max_abs = std::max(max_abs, std::fabs(double(c[j])));
+    const double tol = eps * max_abs;
+    for (int64_t j = 0; j < vocab; ++j) {
+      const double d = std::fabs(double(g[j]) - double(c[j]));
+      worst = std::max(worst, d / tol);
+      if (d > tol) {
+        ADD_FAILURE() << what << ": row " << r << " logit " << j << ": gpu " << g[j] << " cpu " << c[j] << " (tol " << tol
+                      << ")";
+        return worst;
+      }
+    }
+    EXPECT_EQ(argmax(g, vocab), argmax(c, vocab)) << what << ": greedy pick of row " << r;
+  }
+  return worst;
+}
+
+std::unique_ptr<ModelRunner> cuda_runner(const Model& m, int64_t n_blocks, int32_t bs, DType kv = DType::F32) {
+  CudaRunnerConfig c;
+  c.kv = {.block_size = bs, .n_blocks = n_blocks};
+  c.max_batch_tokens = 256;
+  c.max_seqs = 16;
+  c.kv_dtype = kv;
+  return make_cuda_runner(m, c);
+}
+
+class CudaRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("spill-cuda-runner-test");
+    // One dense layer and two MoE layers; hidden and widths not powers of two.
+    write_random_model(dir_->path(), RandomModelParams{.vocab_size = 300, .hidden_size = 96, .n_layers = 3,
+                                                       .n_heads = 6, .n_kv_heads = 2, .head_dim = 16,
+                                                       .n_experts = 6, .n_experts_per_token = 2,
+                                                       .moe_intermediate_size = 40, .intermediate_size = 120,
+                                                       .dense_layers = {1}, .seed = 5});
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    SPILL_SKIP_WITHOUT_GPU();
+    cpu::set_activation_mode(cpu::ActivationMode::F32);
+  }
+  static inline TempDir* dir_ = nullptr;
+};
+
+TEST_F(CudaRunnerTest, PrefillLogitsMatchTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  for (DType kv : {DType::F32, DType::BF16}) {
+    int64_t n_blocks = 0;
+    Steps s = make_steps(1, 64, 4, &n_blocks, 3);
+    auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
+    auto gpu = cuda_runner(*model, n_blocks, 4, kv);
+    std::vector<int32_t> prompt(23);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 11) % 300);
+    const ForwardBatch b = s.make({{0, prompt, 0}}, true);
+    std::vector<float> lc, lg;
+    cpu->forward(b, lc);
+    gpu->forward(b, lg);
+    const double r = compare_logits(lg, lc, 300, chain_eps(model->spec(), 23, kv), "prefill");
+    std::printf("[ measure ] prefill, %s KV: max |gpu - cpu| / bound = %.3g\n", std::string(dtype_name(kv)).c_str(), r);
+  }
+}
+
+TEST_F(CudaRunnerTest, GreedyDecodeMatchesTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  for (DType kv : {DType::F32, DType::BF16}) {
+    int64_t n_blocks = 0;
+    Steps s = make_steps(1, 64, 4, &n_blocks, 4);
+    auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
+    auto gpu = cuda_runner(*model, n_blocks, 4, kv);
+    std::vector<int32_t> prompt = {5, 17, 250, 3, 99, 42, 7};
+    std::vector<float> lc, lg;
+    cpu->forward(s.make({{0, prompt, 0}}, false), lc);
+    gpu->forward(s.make({{0, prompt, 0}}, false), lg);
+    int32_t pos = int32_t(prompt.size());
+    double worst = 0;
+    for (int step = 0; step < 24; ++step) {
+      const double eps = chain_eps(model->spec(), pos + 1, kv);
+      worst = std::max(worst, compare_logits(lg, lc, 300, eps, "decode step " + std::to_string(step)));
+      const int32_t next = argmax(lc.data(), 300);
+      ASSERT_EQ(argmax(lg.data(), 300), next) << "step " << step;
+      cpu->forward(s.make({{0, {next}, pos}}, false), lc);
+      gpu->forward(s.make({{0, {next}, pos}}, false), lg);
+      ++pos;
+    }
+    std::printf("[ measure ] 24 greedy steps, %s KV: max |gpu - cpu| / bound = %.3g\n",
+                std::string(dtype_name(kv)).c_str(), worst);
+  }
+}
+
+TEST_F(CudaRunnerTest, MixedPrefillAndDecodeStepMatchesTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(3, 64, 4, &n_blocks, 5);
+  auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
+  auto gpu = cuda_runner(*model, n_blocks, 4);
+  auto tokens = [](int n, int seed) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) t[size_t(i)] = (i * 53 + seed * 19) % 300;
+    return t;
+  };
+  // Step 1: A prefills 10, B prefills 5 (B does not want logits).
+  // Step 2: A decodes, B continues with 7 more, C prefills 4: all logits.
+  // Step 3: all three decode.
+  const std::vector<std::vector<Part>> plan = {
+      {{0, tokens(10, 1), 0}, {1, tokens(5, 2), 0, false}},
+      {{0, {17}, 10}, {1, tokens(7, 3), 5}, {2, tokens(4, 4), 0}},
+      {{2, {8}, 4}, {0, {9}, 11}, {1, {10}, 12}},
+  };
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ForwardBatch b = s.make(plan[i], i == 1);
+    std::vector<float> lc, lg;
+    cpu->forward(b, lc);
+    gpu->forward(b, lg);
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), 16, DType::F32), "mixed step " + std::to_string(i));
+  }
+}
+
+TEST_F(CudaRunnerTest, LogitsAreBatchInvariant) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(4, 64, 4, &n_blocks, 6);
+  auto alone = cuda_runner(*model, n_blocks, 4, DType::BF16);
+  auto batched = cuda_runner(*model, n_blocks, 4, DType::BF16);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<float> la, lb;
+  alone->forward(s.make({{0, prompt, 0}}, false), la);
+  // Batched: other sequences around it, some prefilling, in a different order each step.
+  batched->forward(s.make({{1, {40, 41, 42}, 0}, {0, prompt, 0}, {2, {7}, 0}}, false), lb);
+  ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + 300, 300 * 4)) << "prefill";
+  int32_t pos = int32_t(prompt.size());
+  int32_t other = 3;
+  for (int step = 0; step < 6; ++step) {
+    const int32_t next = argmax(la.data(), 300);
+    alone->forward(s.make({{0, {next}, pos}}, false), la);
+    std::vector<Part> parts = {{3, {int32_t(50 + step)}, step}, {1, {int32_t(60 + step)}, other}};
+    parts.insert(parts.begin() + (step % 3 == 0 ? 0 : 1), Part{0, {next}, pos});
+    if (step % 2) parts.push_back({2, {int32_t(70 + step), 71, 72}, 1 + 3 * (step / 2)});
+    batched->forward(s.make(parts, false), lb);
+    size_t row = 0;
+    for (size_t i = 0; i < parts.size(); ++i)
+      if (parts[i].seq == 0) row = i;
+    ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + row * 300, 300 * 4)) << "decode step " << step;
+    ++pos;
+    ++other;
+  }
+}
+
+TEST_F(CudaRunnerTest, BadInputIsAClearError) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 4, &n_blocks, 7);
+  auto gpu = cuda_runner(*model, n_blocks, 4);
+  std::vector<float> l;
+  EXPECT_THROW(gpu->forward(s.make({{0, {300}, 0}}, false), l), Error);
+  std::vector<int32_t> many(257, 1);
+  EXPECT_THROW(gpu->forward(s.make({{0, many, 0}}, false), l), Error);
+  ForwardBatch short_table = s.make({{0, {1, 2, 3}, 0}}, false);
+  short_table.seqs[0].start_pos = 62;  // 65 positions; the table covers 64
+  EXPECT_THROW(gpu->forward(short_table, l), Error);
+  // Still usable after the errors.
+  gpu->forward(s.make({{0, {1, 2}, 0}}, false), l);
+  EXPECT_EQ(l.size(), 300u);
+  CudaRunnerConfig bad;
+  bad.kv = {.block_size = 4, .n_blocks = 8};
+  bad.kv_dtype = DType::Q4_K;
+  EXPECT_THROW(make_cuda_runner(*model, bad), Error);
+  bad.kv_dtype = DType::BF16;
+  bad.device = 99;
+  EXPECT_THROW(make_cuda_runner(*model, bad), Error);
+}
+
+// A real checkpoint: the bundled model (BF16 safetensors, tied head, 6 layers of 16 experts).
+std::string spill_tiny_dir() {
+  if (const char* env = std::getenv("SPILL_TINY_DIR")) return env;
+  return std::string(SPILL_SOURCE_DIR) + "/models/spill-tiny";
+}
+
+void greedy_against_cpu(const Model& model, int n_new, const std::string& what) {
+  const int64_t V = model.spec().vocab_size;
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 128, 16, &n_blocks, 8);
+  auto cpu = make_cpu_runner(model, {.block_size = 16, .n_blocks = n_blocks}, 0);
+  auto gpu = cuda_runner(model, n_blocks, 16, DType::F32);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back(int32_t((i * 7919 + 13) % V));
+  std::vector<float> lc, lg;
+  cpu->forward(s.make({{0, prompt, 0}}, true), lc);
+  gpu->forward(s.make({{0, prompt, 0}}, true), lg);
+  double worst = compare_logits(lg, lc, V, chain_eps(model.spec(), 21, DType::F32), what + " prefill");
+  int32_t pos = int32_t(prompt.size());
+  for (int step = 0; step < n_new; ++step) {
+    const int32_t next = argmax(lc.data() + lc.size() - size_t(V), V);
+    ASSERT_EQ(argmax(lg.data() + lg.size() - size_t(V), V), next) << what << " step " << step;
+    cpu->forward(s.make({{0, {next}, pos}}, false), lc);
+    gpu->forward(s.make({{0, {next}, pos}}, false), lg);
+    worst = std::max(worst, compare_logits(lg, lc, V, chain_eps(model.spec(), pos + 1, DType::F32), what));
+    ++pos;
+  }
+  std::printf("[ measure ] %s: max |gpu - cpu| / bound = %.3g\n", what.c_str(), worst);
+}
+
+TEST(CudaRunnerModels, SpillTinyGreedyMatchesTheCpuRunner) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const std::string dir = spill_tiny_dir();
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " not found (set SPILL_TINY_DIR)";
+  cpu::set_activation_mode(cpu::ActivationMode::F32);
+  auto model = Model::load(dir);
+  greedy_against_cpu(*model, 12, "spill-tiny bf16");
+}
+
+TEST(CudaRunnerModels, QuantizedGgufsGreedyMatchTheCpuRunner) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("SPILL_GGUF_DIR");
+  const std::string dir = env ? env : "/work/gguf";
+  cpu::set_activation_mode(cpu::ActivationMode::F32);
+  int found = 0;
+  for (const char* name : {"qwen3_moe-Q4_K_M.gguf", "qwen3-Q8_0.gguf", "spill-tiny-Q4_K_M.gguf"}) {
+    const std::string path = dir + "/" + name;
+    if (!std::filesystem::exists(path)) continue;
+    ++found;
+    auto model = Model::load(path);
+    greedy_against_cpu(*model, 8, name);
+  }
+  if (found == 0) GTEST_SKIP() << "no GGUF test files in " << dir << " (set SPILL_GGUF_DIR)";
+}
+
+}  // namespace
+}  // namespace spill
+
+#else
+TEST(CudaRunner, SkippedWithoutCuda) { GTEST_SKIP() << "spill was built without CUDA"; }
+#endif
