@@ -112,6 +112,7 @@ class CudaRunner final : public ModelRunner {
  public:
   CudaRunner(const Model& model, const CudaRunnerConfig& config);
   ~CudaRunner() override {
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -133,6 +134,15 @@ class CudaRunner final : public ModelRunner {
   void upload_weights(const Model& model);
   void allocate_workspace();
   void check_batch(const ForwardBatch& batch) const;
+  // One step's shape; its metadata is at meta_'s offsets in meta_dev_.
+  struct Step {
+    int64_t n = 0, rows = 0;
+    int32_t max_positions = 1;
+    int32_t grid_parts = 0;  // attention partitions in the grid (0: what max_positions needs)
+  };
+  // Enqueues the step from the embedding to the logits in logits_dev_ (copied into *logits pass by
+  // pass when given: more rows than one pass holds).
+  void enqueue_step(const Step& step, ForwardObserver* observer, std::vector<float>* logits = nullptr);
   void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias);
   void experts(const DeviceLayer& layer, const float* x, int64_t n, float* out);
   void observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows, int64_t cols);
@@ -173,11 +183,19 @@ class CudaRunner final : public ModelRunner {
   int64_t logit_rows_per_pass_ = 0;
   int64_t attn_tokens_per_call_ = 0;
 
-  // Step metadata, host (pinned) and device, grown on demand.
+  // Step metadata, host (pinned) and device, at fixed offsets sized by the config's limits.
+  struct MetaLayout {
+    size_t tokens = 0, positions = 0, table_offsets = 0, slots = 0, rows = 0, tables = 0, embed = 0, bytes = 0;
+    int64_t table_capacity = 0;
+  } meta_;
   PinnedAlloc meta_host_;
   DeviceAlloc meta_dev_;
-  size_t meta_dev_bytes_ = 0;
-  std::vector<float> embed_host_rows_;
+  // Captured decode steps by (batch size, attention partitions).
+  struct GraphExec {
+    cudaGraphExec_t exec = nullptr;
+    int64_t launches = 0;
+  };
+  std::map<std::pair<int64_t, int32_t>, GraphExec> graphs_;
 };
 
 // Two passes over the weights with the same code: the first counts bytes, the second (after one
@@ -497,7 +515,10 @@ void CudaRunner::allocate_workspace() {
   const int64_t E = std::max<int64_t>(spec_.n_experts, 1), K = std::max<int64_t>(spec_.n_experts_per_token, 1);
   const int64_t I = std::max<int64_t>(spec_.intermediate_size, 1);
   logit_rows_per_pass_ = std::min<int64_t>(N, std::max<int64_t>(config_.max_seqs, 1));
-  const int64_t per_token_attn = cuda::attention_workspace_floats(1, spec_.n_heads, spec_.head_dim, int32_t(std::min<int64_t>(max_model_len_, INT32_MAX)));
+  // Split-attention partials per token: the graph buckets round the partitions up to a power of two.
+  int64_t parts_cap = 1;
+  while (parts_cap < cuda::attention_split(int32_t(std::min<int64_t>(max_model_len_, INT32_MAX))).parts) parts_cap *= 2;
+  const int64_t per_token_attn = parts_cap > 1 ? spec_.n_heads * parts_cap * (spec_.head_dim + 2) : 0;
   const int64_t attn_budget_floats = int64_t(64) << 20;  // 256 MiB of split-attention partials at most
   attn_tokens_per_call_ = per_token_attn == 0 ? N : std::clamp<int64_t>(attn_budget_floats / per_token_attn, 1, N);
   int64_t moe_ws = 0;
@@ -535,6 +556,22 @@ void CudaRunner::allocate_workspace() {
     *p.out = act_mem_.as<uint8_t>() + at;
     at += int64_t(align_up(size_t(p.bytes)));
   }
+  // Metadata: every per-token array for max_batch_tokens, block tables for max_seqs sequences of
+  // max_model_len positions, and (host-gathered embeddings) the rows.
+  const int64_t blocks_per_seq = (max_model_len_ + config_.kv.block_size - 1) / config_.kv.block_size;
+  meta_.table_capacity = int64_t(config_.max_seqs) * blocks_per_seq;
+  meta_.tokens = 0;
+  meta_.positions = align_up(size_t(N) * 4);
+  meta_.table_offsets = meta_.positions + align_up(size_t(N) * 4);
+  meta_.slots = meta_.table_offsets + align_up(size_t(N) * 4);
+  meta_.rows = meta_.slots + align_up(size_t(N) * 8);
+  meta_.tables = meta_.rows + align_up(size_t(N) * 4);
+  meta_.embed = meta_.tables + align_up(size_t(meta_.table_capacity) * 4);
+  meta_.bytes = meta_.embed + (embed_on_device_ ? 0 : size_t(N * H) * 4);
+  meta_host_.reserve(meta_.bytes);
+  meta_dev_.allocate(meta_.bytes, "the step's metadata");
+  workspace_bytes_ += int64_t(meta_.bytes);
+
   if (moe_blocks_)
     for (const DeviceLayer& d : layers_)
       if (d.moe) cuda::init_moe_workspace(d.moe_plan, moe_workspace_, stream_);
@@ -635,82 +672,117 @@ void CudaRunner::observe(ForwardObserver* observer, const char* name, int layer,
 
 void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
   check_batch(batch);
-  launches_ = 1;  // the metadata copy
   check(cudaSetDevice(config_.device), "CUDA runner: selecting the device");
-  const int64_t n = batch.n_tokens(), H = spec_.hidden_size, D = spec_.head_dim;
-  const int64_t Q = spec_.q_dim(), KV = spec_.kv_dim(), V = spec_.vocab_size;
+  const int64_t n = batch.n_tokens(), H = spec_.hidden_size, V = spec_.vocab_size;
   const int32_t bs = config_.kv.block_size;
 
-  // ---- the step's metadata, one transfer ----
-  std::vector<int32_t> logit_rows;
+  // ---- the step's metadata, laid out at fixed offsets (graphs read them there), one transfer ----
+  Step st;
+  st.n = n;
   int64_t table_len = 0;
-  int32_t max_positions = 1;
-  for (const SeqChunk& c : batch.seqs) {
-    table_len += (int64_t(c.start_pos) + c.n_tokens + bs - 1) / bs;
-    max_positions = std::max(max_positions, c.start_pos + c.n_tokens);
-    if (batch.all_logits) {
-      for (int32_t i = 0; i < c.n_tokens; ++i) logit_rows.push_back(c.first_token + i);
-    } else if (c.want_logits) {
-      logit_rows.push_back(c.first_token + c.n_tokens - 1);
-    }
-  }
-  const int64_t R = int64_t(logit_rows.size());
-  const size_t off_tokens = 0, off_pos = align_up(size_t(n) * 4), off_table_off = off_pos + align_up(size_t(n) * 4);
-  const size_t off_slots = off_table_off + align_up(size_t(n) * 4), off_rows = off_slots + align_up(size_t(n) * 8);
-  const size_t off_tables = off_rows + align_up(size_t(std::max<int64_t>(R, 1)) * 4);
-  const size_t off_embed = off_tables + align_up(size_t(std::max<int64_t>(table_len, 1)) * 4);
-  const size_t meta_bytes = off_embed + (embed_on_device_ ? 0 : size_t(n * H) * 4);
-  meta_host_.reserve(meta_bytes);
-  if (meta_dev_bytes_ < meta_bytes) {
-    meta_dev_.allocate(meta_bytes, "the step's metadata");
-    meta_dev_bytes_ = meta_bytes;
-  }
+  bool decode_only = !batch.all_logits && observer == nullptr;
   uint8_t* mh = static_cast<uint8_t*>(meta_host_.ptr);
-  auto* tokens_h = reinterpret_cast<int32_t*>(mh + off_tokens);
-  auto* pos_h = reinterpret_cast<int32_t*>(mh + off_pos);
-  auto* table_off_h = reinterpret_cast<int32_t*>(mh + off_table_off);
-  auto* slots_h = reinterpret_cast<int64_t*>(mh + off_slots);
-  auto* rows_h = reinterpret_cast<int32_t*>(mh + off_rows);
-  auto* tables_h = reinterpret_cast<int32_t*>(mh + off_tables);
+  auto* tokens_h = reinterpret_cast<int32_t*>(mh + meta_.tokens);
+  auto* pos_h = reinterpret_cast<int32_t*>(mh + meta_.positions);
+  auto* table_off_h = reinterpret_cast<int32_t*>(mh + meta_.table_offsets);
+  auto* slots_h = reinterpret_cast<int64_t*>(mh + meta_.slots);
+  auto* rows_h = reinterpret_cast<int32_t*>(mh + meta_.rows);
+  auto* tables_h = reinterpret_cast<int32_t*>(mh + meta_.tables);
   std::copy(batch.tokens.begin(), batch.tokens.end(), tokens_h);
-  std::copy(logit_rows.begin(), logit_rows.end(), rows_h);
-  int32_t table_at = 0;
   for (const SeqChunk& c : batch.seqs) {
     const int32_t blocks = (c.start_pos + c.n_tokens + bs - 1) / bs;
-    std::copy_n(c.block_table.begin(), blocks, tables_h + table_at);
+    if (table_len + blocks > meta_.table_capacity)
+      fail("forward: the step's block tables ({} entries) exceed the CUDA runner's capacity ({})", table_len + blocks,
+           meta_.table_capacity);
+    std::copy_n(c.block_table.begin(), blocks, tables_h + table_len);
     for (int32_t i = 0; i < c.n_tokens; ++i) {
       const int32_t t = c.first_token + i, p = c.start_pos + i;
       pos_h[t] = p;
-      table_off_h[t] = table_at;
+      table_off_h[t] = int32_t(table_len);
       slots_h[t] = int64_t(c.block_table[size_t(p / bs)]) * bs + p % bs;
     }
-    table_at += blocks;
-  }
-  if (!embed_on_device_) {
-    float* rows = reinterpret_cast<float*>(mh + off_embed);
-    for (int64_t t = 0; t < n; ++t) cpu::load_row(model_.embed, batch.tokens[size_t(t)], rows + t * H);
+    table_len += blocks;
+    st.max_positions = std::max(st.max_positions, c.start_pos + c.n_tokens);
+    decode_only = decode_only && c.n_tokens == 1 && c.want_logits;
+    if (batch.all_logits) {
+      for (int32_t i = 0; i < c.n_tokens; ++i) rows_h[st.rows++] = c.first_token + i;
+    } else if (c.want_logits) {
+      rows_h[st.rows++] = c.first_token + c.n_tokens - 1;
+    }
   }
   uint8_t* md = meta_dev_.as<uint8_t>();
-  check(cudaMemcpyAsync(md, mh, meta_bytes, cudaMemcpyHostToDevice, stream_), "CUDA runner: copying the step's metadata");
-  const auto* tokens_d = reinterpret_cast<const int32_t*>(md + off_tokens);
-  const auto* pos_d = reinterpret_cast<const int32_t*>(md + off_pos);
-  const auto* table_off_d = reinterpret_cast<const int32_t*>(md + off_table_off);
-  const auto* slots_d = reinterpret_cast<const int64_t*>(md + off_slots);
-  const auto* rows_d = reinterpret_cast<const int32_t*>(md + off_rows);
-  const auto* tables_d = reinterpret_cast<const int32_t*>(md + off_tables);
+  check(cudaMemcpyAsync(md, mh, meta_.tables + size_t(table_len) * 4, cudaMemcpyHostToDevice, stream_),
+        "CUDA runner: copying the step's metadata");
+  if (!embed_on_device_) {
+    float* rows = reinterpret_cast<float*>(mh + meta_.embed);
+    for (int64_t t = 0; t < n; ++t) cpu::load_row(model_.embed, batch.tokens[size_t(t)], rows + t * H);
+    check(cudaMemcpyAsync(md + meta_.embed, rows, size_t(n * H) * 4, cudaMemcpyHostToDevice, stream_),
+          "CUDA runner: copying the embedding rows");
+  }
+  launches_ = embed_on_device_ ? 1 : 2;
+
+  logits.resize(size_t(st.rows * V));
+  if (decode_only && config_.cuda_graphs && st.rows <= logit_rows_per_pass_) {
+    // Decode steps replay a graph captured once per (batch size, attention partitions): nothing
+    // that changes per step is in it (tokens, positions, slots, block tables and the expert
+    // tables are read from device memory).
+    st.grid_parts = 1;
+    while (st.grid_parts < cuda::attention_split(st.max_positions).parts) st.grid_parts *= 2;
+    const auto key = std::make_pair(n, st.grid_parts);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "CUDA runner: capturing a step");
+      cudaGraph_t graph = nullptr;
+      try {
+        enqueue_step(st, nullptr);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &graph), "CUDA runner: capturing a step");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      check(err, "CUDA runner: instantiating a step's graph");
+      it = graphs_.emplace(key, GraphExec{exec, launches_}).first;
+    }
+    check(cudaGraphLaunch(it->second.exec, stream_), "CUDA runner: launching a step's graph");
+    launches_ = it->second.launches;
+    check(cudaMemcpyAsync(logits.data(), logits_dev_, size_t(st.rows * V) * 4, cudaMemcpyDeviceToHost, stream_),
+          "CUDA runner: copying logits");
+  } else {
+    enqueue_step(st, observer, &logits);
+  }
+  check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
+}
+
+void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::vector<float>* logits) {
+  const int64_t n = st.n, H = spec_.hidden_size, D = spec_.head_dim;
+  const int64_t Q = spec_.q_dim(), KV = spec_.kv_dim(), V = spec_.vocab_size;
+  const int32_t bs = config_.kv.block_size;
+  const int32_t max_positions = st.max_positions;
+  const uint8_t* md = meta_dev_.as<uint8_t>();
+  const auto* tokens_d = reinterpret_cast<const int32_t*>(md + meta_.tokens);
+  const auto* pos_d = reinterpret_cast<const int32_t*>(md + meta_.positions);
+  const auto* table_off_d = reinterpret_cast<const int32_t*>(md + meta_.table_offsets);
+  const auto* slots_d = reinterpret_cast<const int64_t*>(md + meta_.slots);
+  const auto* rows_d = reinterpret_cast<const int32_t*>(md + meta_.rows);
+  const auto* tables_d = reinterpret_cast<const int32_t*>(md + meta_.tables);
+  const int64_t R = st.rows;
 
   // ---- embedding ----
   if (embed_on_device_) {
     cuda::embed_rows(embed_.data, embed_.type, embed_.rows, H, tokens_d, n, x_, stream_);
     ++launches_;
   } else {
-    check(cudaMemcpyAsync(x_, md + off_embed, size_t(n * H) * 4, cudaMemcpyDeviceToDevice, stream_),
+    check(cudaMemcpyAsync(x_, md + meta_.embed, size_t(n * H) * 4, cudaMemcpyDeviceToDevice, stream_),
           "CUDA runner: embedding rows");
     ++launches_;
   }
 
   const size_t kv_elem = config_.kv_dtype == DType::F32 ? 4 : 2;
-  const int32_t paged_parts = (max_positions + cuda::kAttentionPartition - 1) / cuda::kAttentionPartition;
+  const int attention_launches = st.grid_parts > 1 ? 2 : cuda::attention_launches(max_positions);
   bool pending_residual = false;  // mlp_out_ still to be added to x_
   for (int64_t l = 0; l < spec_.n_layers; ++l) {
     const DeviceLayer& d = layers_[size_t(l)];
@@ -757,9 +829,10 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
                              .kv_type = config_.kv_dtype, .positions = pos_d + t0, .table_offset = table_off_d + t0,
                              .block_tables = tables_d, .block_size = bs, .out = attn_ + t0 * Q, .n = nt,
                              .n_heads = spec_.n_heads, .n_kv_heads = spec_.n_kv_heads, .head_dim = D,
-                             .max_positions = max_positions, .workspace = attn_workspace_},
+                             .max_positions = max_positions, .min_grid_parts = st.grid_parts,
+                             .workspace = attn_workspace_},
                             stream_);
-      launches_ += paged_parts > 1 ? 2 : 1;
+      launches_ += attention_launches;
     }
     linear(d.o, attn_, n, proj_, d.o_bias);
     cuda::rmsnorm({.x = x_, .residual = proj_, .weight = d.mlp_norm, .out = h_, .n = n, .dim = H, .eps = spec_.rms_norm_eps},
@@ -805,7 +878,6 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
   }
 
   // ---- final norm and LM head on the rows that want logits, a pass of logit_rows_per_pass_ at a time ----
-  logits.resize(size_t(R * V));
   for (int64_t r0 = 0; r0 < R; r0 += logit_rows_per_pass_) {
     const int64_t nr = std::min(logit_rows_per_pass_, R - r0);
     cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr, .rows = rows_d + r0, .weight = final_norm_,
@@ -813,10 +885,10 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
                   stream_);
     ++launches_;
     linear(lm_head_, final_rows_, nr, logits_dev_, nullptr);
-    check(cudaMemcpyAsync(logits.data() + r0 * V, logits_dev_, size_t(nr * V) * 4, cudaMemcpyDeviceToHost, stream_),
-          "CUDA runner: copying logits");
+    if (logits)
+      check(cudaMemcpyAsync(logits->data() + r0 * V, logits_dev_, size_t(nr * V) * 4, cudaMemcpyDeviceToHost, stream_),
+            "CUDA runner: copying logits");
   }
-  check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
 }
 
 }  // namespace

@@ -31,6 +31,9 @@ struct CudaRunnerConfig {
   // KV pool can hold (n_blocks * block_size), capped at the model's max_position_embeddings.
   int64_t max_model_len = 0;
   DType kv_dtype = DType::BF16;     // BF16 or F32
+  // Decode-only steps (one token per chunk, logits for each) replay a CUDA graph per (batch size,
+  // attention partitions), captured at first use; false: every step is launched kernel by kernel.
+  bool cuda_graphs = true;
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -182,7 +183,7 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
 }
 
 // ---- paged attention -----------------------------------------------------------------------------
-// One block of kWarpsPerBlock warps per (token, head, partition of kAttentionPartition positions).
+// One block of kWarpsPerBlock warps per (token, head, partition; attention_split in ops.h).
 // The partition is cut in tiles of 32 positions; tile i goes to warp i % kWarpsPerBlock. In a tile,
 // lane j scores position j (a sequential dot over head_dim), the warp takes the tile's max and the
 // butterfly sum of exp(score - max), and each lane accumulates its head_dim / 32 output values over
@@ -191,9 +192,42 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
 
 constexpr int kMaxPerLane = kMaxHeadDim / 32;
 
-struct SoftmaxState {
-  float m, l;
-};
+// q . k over head_dim in order d = 0, 1, ... (one fma chain); 16-byte loads of k when head_dim is a
+// multiple of 8 (the same chain, so the same bits).
+__device__ __forceinline__ float dot_q_k(const float* q, const float* k, int64_t D) {
+  float dot = 0.0f;
+  if (D % 8 == 0) {
+    const float4* k4 = reinterpret_cast<const float4*>(k);
+    for (int64_t c = 0; c < D / 4; ++c) {
+      const float4 w = k4[c];
+      dot = __fmaf_rn(q[4 * c], w.x, dot);
+      dot = __fmaf_rn(q[4 * c + 1], w.y, dot);
+      dot = __fmaf_rn(q[4 * c + 2], w.z, dot);
+      dot = __fmaf_rn(q[4 * c + 3], w.w, dot);
+    }
+  } else {
+    for (int64_t d = 0; d < D; ++d) dot = __fmaf_rn(q[d], k[d], dot);
+  }
+  return dot;
+}
+__device__ __forceinline__ float dot_q_k(const float* q, const __nv_bfloat16* k, int64_t D) {
+  float dot = 0.0f;
+  if (D % 8 == 0) {
+    const uint4* k8 = reinterpret_cast<const uint4*>(k);
+    for (int64_t c = 0; c < D / 8; ++c) {
+      const uint4 w = k8[c];
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        dot = __fmaf_rn(q[8 * c + 2 * i], __uint_as_float(words[i] << 16), dot);
+        dot = __fmaf_rn(q[8 * c + 2 * i + 1], __uint_as_float(words[i] & 0xFFFF0000u), dot);
+      }
+    }
+  } else {
+    for (int64_t d = 0; d < D; ++d) dot = __fmaf_rn(q[d], __bfloat162float(k[d]), dot);
+  }
+  return dot;
+}
 
 template <class KV>
 __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int32_t n_parts_grid) {
@@ -201,7 +235,8 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
   const int64_t t = th / a.n_heads, h = th % a.n_heads;
   const int part = blockIdx.y;
   const int32_t n_pos = a.positions[t] + 1;
-  const int32_t n_parts = (n_pos + kAttentionPartition - 1) / kAttentionPartition;
+  const AttentionSplit split = attention_split(n_pos);
+  const int32_t n_parts = split.parts;
   if (part >= n_parts) return;
   const int64_t D = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
   const int64_t row_elems = a.n_kv_heads * D;
@@ -215,8 +250,8 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int32_t p_begin = part * kAttentionPartition;
-  const int32_t p_end = min(n_pos, p_begin + kAttentionPartition);
+  const int32_t p_begin = part * split.length;
+  const int32_t p_end = min(n_pos, p_begin + split.length);
   const int per_lane = int((D + 31) / 32);
   float m = -INFINITY, l = 0.0f;
   float acc[kMaxPerLane];
@@ -230,10 +265,7 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
     float s = -INFINITY;
     if (p < p_end) {
       const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      const KV* k = kc + slot * row_elems + kvh * D;
-      float dot = 0.0f;
-      for (int64_t d = 0; d < D; ++d) dot = __fmaf_rn(q_s[d], from_kv(k[d]), dot);
-      s = __fmul_rn(dot, scale);
+      s = __fmul_rn(dot_q_k(q_s, kc + slot * row_elems + kvh * D, D), scale);
     }
     const float m_new = fmaxf(m, warp_max_f(s));
     const float corr = expf(__fsub_rn(m, m_new));  // 0 on the first tile (m = -inf)
@@ -242,6 +274,7 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) acc[i] = __fmul_rn(acc[i], corr);
     const int32_t count = min(32, p_end - tile);
+#pragma unroll 4
     for (int j = 0; j < count; ++j) {
       const float pj = __shfl_sync(0xffffffffu, pr, j);
       const int32_t pp = tile + j;
@@ -292,8 +325,7 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
 __global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
   const int64_t th = blockIdx.x;
   const int64_t t = th / a.n_heads, h = th % a.n_heads;
-  const int32_t n_pos = a.positions[t] + 1;
-  const int32_t n_parts = (n_pos + kAttentionPartition - 1) / kAttentionPartition;
+  const int32_t n_parts = attention_split(a.positions[t] + 1).parts;
   if (n_parts <= 1) return;
   const int64_t D = a.head_dim;
   const float* ws = a.workspace + th * n_parts_grid * (D + 2);
@@ -562,10 +594,17 @@ void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
   check_launch("launching the RoPE/KV-write kernel");
 }
 
+// Partitions in the grid: the most any token of the batch may have.
+int32_t grid_partitions(int32_t max_positions) {
+  return max_positions <= 0 ? 1 : attention_split(max_positions).parts;
+}
+
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions) {
-  const int64_t parts = (int64_t(max_positions) + kAttentionPartition - 1) / kAttentionPartition;
+  const int64_t parts = grid_partitions(max_positions);
   return parts <= 1 ? 0 : max_tokens * n_heads * parts * (head_dim + 2);
 }
+
+int attention_launches(int32_t max_positions) { return grid_partitions(max_positions) > 1 ? 2 : 1; }
 
 void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
@@ -573,7 +612,8 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
     throw_error("attention: bad head shape (" + str(a.n_heads) + " q heads, " + str(a.n_kv_heads) +
                 " kv heads of " + str(a.head_dim) + "; head_dim at most " + str(kMaxHeadDim) + ")");
   if (a.max_positions <= 0 || a.block_size <= 0) throw_error("attention: bad max_positions or block size");
-  const int32_t parts = (a.max_positions + kAttentionPartition - 1) / kAttentionPartition;
+  const int32_t parts = std::max(grid_partitions(a.max_positions), a.min_grid_parts);
+  if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
   const dim3 grid(grid_dim(a.n * a.n_heads, "attention"), unsigned(parts));
   if (a.kv_type == DType::F32) attention_kernel<float><<<grid, kBlock, 0, stream>>>(a, parts);

@@ -88,9 +88,23 @@ void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream);
 // For token t (query q[t], position positions[t]) and head h: causal softmax attention over the
 // positions 0..positions[t] of its sequence, read from the paged cache through the sequence's
 // block table (block_tables + table_offset[t]). GQA: head h reads kv head h / (n_heads / n_kv_heads).
-// Decode and prefill tokens mix freely. Long contexts are split along the sequence into
-// partitions of kAttentionPartition positions whose partial results are combined in a fixed order.
-constexpr int kAttentionPartition = 512;
+// Decode and prefill tokens mix freely. A context is split along the sequence (flash-decoding)
+// into attention_partitions(n_pos) partitions, whose partial results are combined in a fixed
+// order: at most kMaxAttentionPartitions of at least kMinAttentionPartition positions (a multiple
+// of 32) each. The split depends on the token's own position only, so results stay batch-invariant.
+constexpr int kMinAttentionPartition = 128;
+constexpr int kMaxAttentionPartitions = 64;
+struct AttentionSplit {
+  int32_t parts, length;  // partitions, positions per partition (the last may be shorter)
+};
+__host__ __device__ inline AttentionSplit attention_split(int32_t n_pos) {
+  int32_t parts = (n_pos + kMinAttentionPartition - 1) / kMinAttentionPartition;
+  parts = parts < kMaxAttentionPartitions ? parts : kMaxAttentionPartitions;
+  if (parts < 1) parts = 1;
+  int32_t length = (n_pos + parts - 1) / parts;
+  length = (length + 31) / 32 * 32;
+  return {(n_pos + length - 1) / length, length};
+}
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t ld_q = 0;
@@ -103,10 +117,13 @@ struct AttentionArgs {
   int32_t block_size = 16;
   float* out = nullptr;  // [n, n_heads * head_dim]
   int64_t n = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  int32_t max_positions = 0;  // bound on positions[t] + 1 over the batch (sizes the split)
+  int32_t max_positions = 0;  // bound on positions[t] + 1 over the batch (sizes the grid)
+  int32_t min_grid_parts = 0; // at least this many partitions in the grid (a graph's fixed grid)
   float* workspace = nullptr;  // attention_workspace_floats(...) floats
 };
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions);
+// Kernels paged_attention launches for a batch whose longest context is max_positions (1 or 2).
+int attention_launches(int32_t max_positions);
 void paged_attention(const AttentionArgs& args, cudaStream_t stream);
 
 // ---- router (twin: cpu::route_topk) ---------------------------------------------------------------
