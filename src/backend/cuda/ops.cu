@@ -4,7 +4,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 
@@ -18,7 +20,6 @@ unsigned grid_dim(int64_t v, const char* op) {
   return unsigned(v);
 }
 
-void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
 __device__ __forceinline__ float bf16_bits(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
@@ -75,10 +76,47 @@ __device__ float rms_scale(const float* x, int64_t dim, double eps) {
   return float(1.0 / sqrt(total / double(dim) + eps));
 }
 
+// ---- launches ----------------------------------------------------------------------------------
+// Programmatic dependent launch: every kernel here is launched so that it may start while the
+// previous kernel on the stream finishes, and its first act is to wait for that kernel's memory
+// (griddepcontrol.wait, before any load or store that could depend on it); right after, it lets
+// the next kernel start its own prologue (a GEMV fetches its weights before waiting). The wait
+// makes the order exactly that of plain stream order; only launch latency is hidden.
+// SPILL_CUDA_PDL=0 launches plainly (for comparison).
+bool overlap_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SPILL_CUDA_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+__device__ __forceinline__ void overlap_prologue() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+template <class... Params, class... Args>
+void launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = overlap_enabled() ? 1 : 0;
+  check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+
 // ---- embedding ---------------------------------------------------------------------------------
 
 template <class W>
 __global__ void embed_float_kernel(const W* table, int64_t hidden, const int32_t* ids, float* out) {
+  overlap_prologue();
   const int64_t row = ids[blockIdx.x];
   for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x)
     out[int64_t(blockIdx.x) * hidden + j] = load_w(table, row * hidden + j);
@@ -86,6 +124,7 @@ __global__ void embed_float_kernel(const W* table, int64_t hidden, const int32_t
 
 // Q8_0: blocks of 34 bytes, an f16 scale then 32 int8; value = q * d.
 __global__ void embed_q8_0_kernel(const uint8_t* table, int64_t hidden, const int32_t* ids, float* out) {
+  overlap_prologue();
   const int64_t row = ids[blockIdx.x];
   const int64_t blocks = hidden / 32;
   const uint8_t* r = table + row * blocks * 34;
@@ -99,6 +138,7 @@ __global__ void embed_q8_0_kernel(const uint8_t* table, int64_t hidden, const in
 // ---- norms ---------------------------------------------------------------------------------------
 
 __global__ void rmsnorm_kernel(RmsNormArgs a) {
+  overlap_prologue();
   const int64_t r = blockIdx.x;
   const int64_t i = a.rows ? a.rows[r] : r;
   float* x = a.x + i * a.ld_x;
@@ -114,6 +154,7 @@ __global__ void rmsnorm_kernel(RmsNormArgs a) {
 
 // blockIdx.x: token; blockIdx.y: head (q heads, then k heads) or 0/1 (whole q / whole k).
 __global__ void qk_norm_kernel(QkNormArgs a) {
+  overlap_prologue();
   const int64_t t = blockIdx.x, h = blockIdx.y;
   float* x;
   const float* w;
@@ -152,6 +193,7 @@ __device__ __forceinline__ float from_kv<__nv_bfloat16>(__nv_bfloat16 v) { retur
 
 template <class KV>
 __global__ void rope_kv_kernel(RopeKvArgs a) {
+  overlap_prologue();
   const int64_t t = blockIdx.x;
   const int64_t D = a.head_dim, half = D / 2;
   const float pos = float(a.positions[t]);
@@ -231,6 +273,7 @@ __device__ __forceinline__ float dot_q_k(const float* q, const __nv_bfloat16* k,
 
 template <class KV>
 __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int32_t n_parts_grid) {
+  overlap_prologue();
   const int64_t th = blockIdx.x;  // token * n_heads + head
   const int64_t t = th / a.n_heads, h = th % a.n_heads;
   const int part = blockIdx.y;
@@ -323,6 +366,7 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
 
 // Merges the partitions of every (token, head) that has more than one, in partition order.
 __global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
+  overlap_prologue();
   const int64_t th = blockIdx.x;
   const int64_t t = th / a.n_heads, h = th % a.n_heads;
   const int32_t n_parts = attention_split(a.positions[t] + 1).parts;
@@ -346,6 +390,7 @@ __global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
 // One warp per token. Probabilities in shared memory; k rounds of a warp argmax (ties to the lower id).
 __global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
                                   float* weights) {
+  overlap_prologue();
   extern __shared__ float probs[];
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x;
@@ -397,6 +442,7 @@ __global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, int64_t width, float* out) {
+  overlap_prologue();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * width) return;
   const int64_t t = i / width, c = i % width;
@@ -406,11 +452,13 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, i
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
+  overlap_prologue();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) x[i] = __fadd_rn(x[i], y[i]);
 }
 
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  overlap_prologue();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows * cols) y[i] = __fadd_rn(y[i], bias[i % cols]);
 }
@@ -451,6 +499,7 @@ __device__ __forceinline__ void block_dot_tokens(const W* w, int64_t cols, const
 template <class W>
 __global__ void __launch_bounds__(kBlock) matmul_float_kernel(const W* w, int64_t rows, int64_t cols, const float* x,
                                                               int64_t n, const float* bias, float* y) {
+  overlap_prologue();
   const int64_t row = blockIdx.x, t0 = int64_t(blockIdx.y) * kTokenGroup;
   const int nt = int(min(int64_t(kTokenGroup), n - t0));
   float out[kTokenGroup];
@@ -472,6 +521,7 @@ __device__ __forceinline__ bool valid_expert(int32_t id, int32_t n) { return id 
 // blockIdx.x: row of the expert width; blockIdx.y: (token, slot) pair.
 template <class W>
 __global__ void __launch_bounds__(kBlock) moe_float_gate_up_kernel(MoeFloatArgs a, float* act) {
+  overlap_prologue();
   const int64_t i = blockIdx.x, pair = blockIdx.y;
   const int32_t id = a.ids[pair];
   if (!valid_expert(id, a.n_experts)) return;
@@ -485,6 +535,7 @@ __global__ void __launch_bounds__(kBlock) moe_float_gate_up_kernel(MoeFloatArgs 
 
 template <class W>
 __global__ void __launch_bounds__(kBlock) moe_float_down_kernel(MoeFloatArgs a, const float* act, float* partial) {
+  overlap_prologue();
   const int64_t j = blockIdx.x, pair = blockIdx.y;
   const int32_t id = a.ids[pair];
   if (!valid_expert(id, a.n_experts)) {
@@ -498,6 +549,7 @@ __global__ void __launch_bounds__(kBlock) moe_float_down_kernel(MoeFloatArgs a, 
 }
 
 __global__ void moe_float_sum_kernel(MoeFloatArgs a, const float* partial) {
+  overlap_prologue();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n * a.hidden) return;
   const int64_t t = i / a.hidden, j = i % a.hidden;
@@ -510,6 +562,7 @@ __global__ void moe_float_sum_kernel(MoeFloatArgs a, const float* partial) {
 // ---- argmax -----------------------------------------------------------------------------------------
 
 __global__ void argmax_kernel(const float* x, int64_t cols, int32_t* ids) {
+  overlap_prologue();
   __shared__ float bv[kBlock];
   __shared__ int32_t bi[kBlock];
   const float* r = x + int64_t(blockIdx.x) * cols;
@@ -555,14 +608,15 @@ void embed_rows(const void* table, DType type, int64_t vocab, int64_t hidden, co
   if (hidden <= 0 || !row_fits(type, hidden)) throw_error("embedding rows: bad width " + str(hidden));
   const unsigned grid = grid_dim(n, "embedding rows");
   if (type == DType::Q8_0) {
-    embed_q8_0_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(table), hidden, ids, out);
+    launch("launching the embedding kernel", embed_q8_0_kernel, dim3(grid), dim3(256), 0, stream,
+           static_cast<const uint8_t*>(table), hidden, ids, out);
   } else {
     dispatch_float_type(type, "embedding rows", [&](auto w) {
       using W = decltype(w);
-      embed_float_kernel<W><<<grid, 256, 0, stream>>>(static_cast<const W*>(table), hidden, ids, out);
+      launch("launching the embedding kernel", embed_float_kernel<W>, dim3(grid), dim3(256), 0, stream,
+             static_cast<const W*>(table), hidden, ids, out);
     });
   }
-  check_launch("launching the embedding kernel");
 }
 
 void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
@@ -571,16 +625,14 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
   RmsNormArgs a = args;
   if (a.ld_x == 0) a.ld_x = a.dim;
   if (a.ld_out == 0) a.ld_out = a.dim;
-  rmsnorm_kernel<<<grid_dim(a.n, "rmsnorm"), kBlock, 0, stream>>>(a);
-  check_launch("launching the RMSNorm kernel");
+  launch("launching the RMSNorm kernel", rmsnorm_kernel, dim3(grid_dim(a.n, "rmsnorm")), dim3(kBlock), 0, stream, a);
 }
 
 void qk_norm(const QkNormArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
   if (a.head_dim <= 0 || a.n_heads <= 0 || a.n_kv_heads <= 0) throw_error("q/k norm: bad head shape");
   const dim3 grid(grid_dim(a.n, "q/k norm"), unsigned(a.per_head ? a.n_heads + a.n_kv_heads : 2));
-  qk_norm_kernel<<<grid, kBlock, 0, stream>>>(a);
-  check_launch("launching the q/k norm kernel");
+  launch("launching the q/k norm kernel", qk_norm_kernel, grid, dim3(kBlock), 0, stream, a);
 }
 
 void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
@@ -588,10 +640,10 @@ void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > kMaxHeadDim)
     throw_error("RoPE: head_dim " + str(a.head_dim) + " must be even and at most " + str(kMaxHeadDim));
   const unsigned grid = grid_dim(a.n, "RoPE");
-  if (a.kv_type == DType::F32) rope_kv_kernel<float><<<grid, kBlock, 0, stream>>>(a);
-  else if (a.kv_type == DType::BF16) rope_kv_kernel<__nv_bfloat16><<<grid, kBlock, 0, stream>>>(a);
+  if (a.kv_type == DType::F32) launch("launching the RoPE/KV-write kernel", rope_kv_kernel<float>, dim3(grid), dim3(kBlock), 0, stream, a);
+  else if (a.kv_type == DType::BF16)
+    launch("launching the RoPE/KV-write kernel", rope_kv_kernel<__nv_bfloat16>, dim3(grid), dim3(kBlock), 0, stream, a);
   else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
-  check_launch("launching the RoPE/KV-write kernel");
 }
 
 // Partitions in the grid: the most any token of the batch may have.
@@ -616,13 +668,12 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
   const dim3 grid(grid_dim(a.n * a.n_heads, "attention"), unsigned(parts));
-  if (a.kv_type == DType::F32) attention_kernel<float><<<grid, kBlock, 0, stream>>>(a, parts);
-  else if (a.kv_type == DType::BF16) attention_kernel<__nv_bfloat16><<<grid, kBlock, 0, stream>>>(a, parts);
+  if (a.kv_type == DType::F32) launch("launching the attention kernel", attention_kernel<float>, grid, dim3(kBlock), 0, stream, a, parts);
+  else if (a.kv_type == DType::BF16)
+    launch("launching the attention kernel", attention_kernel<__nv_bfloat16>, grid, dim3(kBlock), 0, stream, a, parts);
   else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
-  check_launch("launching the attention kernel");
   if (parts > 1) {
-    attention_merge_kernel<<<grid.x, kBlock, 0, stream>>>(a, parts);
-    check_launch("launching the attention merge kernel");
+    launch("launching the attention merge kernel", attention_merge_kernel, dim3(grid.x), dim3(kBlock), 0, stream, a, parts);
   }
 }
 
@@ -631,27 +682,25 @@ void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bo
   if (n <= 0) return;
   if (n_experts <= 0 || n_experts > 8192 || k <= 0 || k > n_experts)
     throw_error("router: need 1 <= top_k (" + str(k) + ") <= n_experts (" + str(n_experts) + ") <= 8192");
-  route_topk_kernel<<<grid_dim(n, "router"), 32, size_t(n_experts) * sizeof(float), stream>>>(logits, n_experts, k,
-                                                                                            renormalise, ids, weights);
-  check_launch("launching the router kernel");
+  launch("launching the router kernel", route_topk_kernel, dim3(grid_dim(n, "router")), dim3(32),
+         size_t(n_experts) * sizeof(float), stream, logits, n_experts, k, renormalise, ids, weights);
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, int64_t width, float* out, cudaStream_t stream) {
   if (n <= 0) return;
-  silu_mul_kernel<<<blocks_for(n * width, 256, "silu*up"), 256, 0, stream>>>(gate, up, n, width, out);
-  check_launch("launching the SiLU*up kernel");
+  launch("launching the SiLU*up kernel", silu_mul_kernel, dim3(blocks_for(n * width, 256, "silu*up")), dim3(256), 0, stream,
+         gate, up, n, width, out);
 }
 
 void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
   if (count <= 0) return;
-  add_kernel<<<blocks_for(count, 256, "add"), 256, 0, stream>>>(x, y, count);
-  check_launch("launching the add kernel");
+  launch("launching the add kernel", add_kernel, dim3(blocks_for(count, 256, "add")), dim3(256), 0, stream, x, y, count);
 }
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows <= 0) return;
-  add_bias_kernel<<<blocks_for(rows * cols, 256, "bias"), 256, 0, stream>>>(y, bias, rows, cols);
-  check_launch("launching the bias kernel");
+  launch("launching the bias kernel", add_bias_kernel, dim3(blocks_for(rows * cols, 256, "bias")), dim3(256), 0, stream, y,
+         bias, rows, cols);
 }
 
 bool matmul_float_supported(DType type) { return type == DType::F32 || type == DType::BF16 || type == DType::F16; }
@@ -663,9 +712,9 @@ void matmul_float(const void* w, DType type, int64_t rows, int64_t cols, const f
   const dim3 grid(grid_dim(rows, "matmul"), grid_dim((n + kTokenGroup - 1) / kTokenGroup, "matmul"));
   dispatch_float_type(type, "matmul", [&](auto tag) {
     using W = decltype(tag);
-    matmul_float_kernel<W><<<grid, kBlock, 0, stream>>>(static_cast<const W*>(w), rows, cols, x, n, bias, y);
+    launch("launching the float matmul kernel", matmul_float_kernel<W>, grid, dim3(kBlock), 0, stream,
+           static_cast<const W*>(w), rows, cols, x, n, bias, y);
   });
-  check_launch("launching the float matmul kernel");
 }
 
 int64_t moe_float_workspace_bytes(int64_t max_tokens, int32_t top_k, int64_t hidden, int64_t width) {
@@ -682,19 +731,18 @@ void moe_experts_float(const MoeFloatArgs& a, cudaStream_t stream) {
   const unsigned pairs = grid_dim(a.n * a.top_k, "float MoE");
   dispatch_float_type(a.type, "float MoE", [&](auto tag) {
     using W = decltype(tag);
-    moe_float_gate_up_kernel<W><<<dim3(grid_dim(a.width, "float MoE"), pairs), kBlock, 0, stream>>>(a, act);
-    check_launch("launching the float MoE gate/up kernel");
-    moe_float_down_kernel<W><<<dim3(grid_dim(a.hidden, "float MoE"), pairs), kBlock, 0, stream>>>(a, act, partial);
-    check_launch("launching the float MoE down kernel");
+    launch("launching the float MoE gate/up kernel", moe_float_gate_up_kernel<W>, dim3(grid_dim(a.width, "float MoE"), pairs),
+           dim3(kBlock), 0, stream, a, act);
+    launch("launching the float MoE down kernel", moe_float_down_kernel<W>, dim3(grid_dim(a.hidden, "float MoE"), pairs),
+           dim3(kBlock), 0, stream, a, static_cast<const float*>(act), partial);
   });
-  moe_float_sum_kernel<<<blocks_for(a.n * a.hidden, 256, "float MoE"), 256, 0, stream>>>(a, partial);
-  check_launch("launching the float MoE sum kernel");
+  launch("launching the float MoE sum kernel", moe_float_sum_kernel, dim3(blocks_for(a.n * a.hidden, 256, "float MoE")),
+         dim3(256), 0, stream, a, static_cast<const float*>(partial));
 }
 
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, cudaStream_t stream) {
   if (rows <= 0) return;
-  argmax_kernel<<<grid_dim(rows, "argmax"), kBlock, 0, stream>>>(x, cols, ids);
-  check_launch("launching the argmax kernel");
+  launch("launching the argmax kernel", argmax_kernel, dim3(grid_dim(rows, "argmax")), dim3(kBlock), 0, stream, x, cols, ids);
 }
 
 }  // namespace spill::cuda
