@@ -440,6 +440,11 @@ TEST(CudaOps, AttentionIsBatchInvariant) {
   const auto batched = run(pos_all, q_all);
   const auto alone = run({700}, std::vector<float>(q_all.begin() + 5 * Q, q_all.begin() + 6 * Q));
   ASSERT_EQ(0, std::memcmp(alone.data(), batched.data() + 5 * Q, size_t(Q) * 4));
+  // One query head per block instead of the GQA group's 4: the same bits.
+  setenv("SPILL_CUDA_ATTN_HEADS", "1", 1);
+  const auto one_head = run(pos_all, q_all);
+  unsetenv("SPILL_CUDA_ATTN_HEADS");
+  ASSERT_EQ(0, std::memcmp(one_head.data(), batched.data(), batched.size() * 4));
 }
 
 // ---- router ----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
@@ -225,35 +226,48 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
 }
 
 // ---- paged attention -----------------------------------------------------------------------------
-// One block of kWarpsPerBlock warps per (token, head, partition; attention_split in ops.h).
-// The partition is cut in tiles of 32 positions; tile i goes to warp i % kWarpsPerBlock. In a tile,
-// lane j scores position j (a sequential dot over head_dim), the warp takes the tile's max and the
-// butterfly sum of exp(score - max), and each lane accumulates its head_dim / 32 output values over
-// the tile's positions in order (online softmax). The warps' states are merged in warp order, the
-// partitions' in partition order (a second kernel when there are several).
+// One block of kWarpsPerBlock warps per (token, G query heads of one KV head, partition;
+// attention_split in ops.h): the G heads share every K and V load (GQA). The partition is cut in
+// tiles of 32 positions; tile i goes to warp i % kWarpsPerBlock. In a tile, lane j scores position
+// j for each head (a sequential dot over head_dim), the warp takes each head's tile max and the
+// butterfly sum of exp(score - max), and each lane accumulates its head_dim / 32 output values per
+// head over the tile's positions in order (online softmax). The warps' states are merged in warp
+// order, the partitions' in partition order (a second kernel when there are several). A head's
+// arithmetic is the same for every G, so G is a speed choice only.
 
 constexpr int kMaxPerLane = kMaxHeadDim / 32;
 
-// q . k over head_dim in order d = 0, 1, ... (one fma chain); 16-byte loads of k when head_dim is a
-// multiple of 8 (the same chain, so the same bits).
-__device__ __forceinline__ float dot_q_k(const float* q, const float* k, int64_t D) {
-  float dot = 0.0f;
+// q_g . k over head_dim for G heads, each in order d = 0, 1, ... (one fma chain per head); 16-byte
+// loads of k when head_dim is a multiple of 8 (the same chains, so the same bits).
+template <int G>
+__device__ __forceinline__ void dot_q_k(const float (*q)[kMaxHeadDim], const float* k, int64_t D, float dot[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = 0.0f;
   if (D % 8 == 0) {
     const float4* k4 = reinterpret_cast<const float4*>(k);
     for (int64_t c = 0; c < D / 4; ++c) {
       const float4 w = k4[c];
-      dot = __fmaf_rn(q[4 * c], w.x, dot);
-      dot = __fmaf_rn(q[4 * c + 1], w.y, dot);
-      dot = __fmaf_rn(q[4 * c + 2], w.z, dot);
-      dot = __fmaf_rn(q[4 * c + 3], w.w, dot);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        dot[g] = __fmaf_rn(q[g][4 * c], w.x, dot[g]);
+        dot[g] = __fmaf_rn(q[g][4 * c + 1], w.y, dot[g]);
+        dot[g] = __fmaf_rn(q[g][4 * c + 2], w.z, dot[g]);
+        dot[g] = __fmaf_rn(q[g][4 * c + 3], w.w, dot[g]);
+      }
     }
   } else {
-    for (int64_t d = 0; d < D; ++d) dot = __fmaf_rn(q[d], k[d], dot);
+    for (int64_t d = 0; d < D; ++d) {
+      const float kd = k[d];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(q[g][d], kd, dot[g]);
+    }
   }
-  return dot;
 }
-__device__ __forceinline__ float dot_q_k(const float* q, const __nv_bfloat16* k, int64_t D) {
-  float dot = 0.0f;
+template <int G>
+__device__ __forceinline__ void dot_q_k(const float (*q)[kMaxHeadDim], const __nv_bfloat16* k, int64_t D,
+                                        float dot[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = 0.0f;
   if (D % 8 == 0) {
     const uint4* k8 = reinterpret_cast<const uint4*>(k);
     for (int64_t c = 0; c < D / 8; ++c) {
@@ -261,96 +275,129 @@ __device__ __forceinline__ float dot_q_k(const float* q, const __nv_bfloat16* k,
       const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        dot = __fmaf_rn(q[8 * c + 2 * i], __uint_as_float(words[i] << 16), dot);
-        dot = __fmaf_rn(q[8 * c + 2 * i + 1], __uint_as_float(words[i] & 0xFFFF0000u), dot);
+        const float k0 = __uint_as_float(words[i] << 16), k1 = __uint_as_float(words[i] & 0xFFFF0000u);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          dot[g] = __fmaf_rn(q[g][8 * c + 2 * i], k0, dot[g]);
+          dot[g] = __fmaf_rn(q[g][8 * c + 2 * i + 1], k1, dot[g]);
+        }
       }
     }
   } else {
-    for (int64_t d = 0; d < D; ++d) dot = __fmaf_rn(q[d], __bfloat162float(k[d]), dot);
+    for (int64_t d = 0; d < D; ++d) {
+      const float kd = __bfloat162float(k[d]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(q[g][d], kd, dot[g]);
+    }
   }
-  return dot;
 }
 
-template <class KV>
+template <class KV, int G>
 __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int32_t n_parts_grid) {
   overlap_prologue();
-  const int64_t th = blockIdx.x;  // token * n_heads + head
-  const int64_t t = th / a.n_heads, h = th % a.n_heads;
+  const int64_t head_groups = a.n_heads / G;
+  const int64_t t = blockIdx.x / head_groups, h0 = (blockIdx.x % head_groups) * G;
   const int part = blockIdx.y;
   const int32_t n_pos = a.positions[t] + 1;
   const AttentionSplit split = attention_split(n_pos);
   const int32_t n_parts = split.parts;
   if (part >= n_parts) return;
-  const int64_t D = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t D = a.head_dim, kvh = h0 / (a.n_heads / a.n_kv_heads);
   const int64_t row_elems = a.n_kv_heads * D;
   const int32_t* table = a.block_tables + a.table_offset[t];
   const float scale = 1.0f / sqrtf(float(D));
 
-  __shared__ float q_s[kMaxHeadDim];
-  __shared__ float m_s[kWarpsPerBlock], l_s[kWarpsPerBlock];
-  __shared__ float acc_s[kWarpsPerBlock][kMaxHeadDim];
-  for (int64_t d = threadIdx.x; d < D; d += kBlock) q_s[d] = a.q[t * a.ld_q + h * D + d];
+  __shared__ float q_s[G][kMaxHeadDim];
+  __shared__ float m_s[kWarpsPerBlock][G], l_s[kWarpsPerBlock][G];
+  __shared__ float acc_s[kWarpsPerBlock][G][kMaxHeadDim];
+  for (int64_t i = threadIdx.x; i < G * D; i += kBlock) q_s[i / D][i % D] = a.q[t * a.ld_q + h0 * D + i];
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t p_begin = part * split.length;
   const int32_t p_end = min(n_pos, p_begin + split.length);
   const int per_lane = int((D + 31) / 32);
-  float m = -INFINITY, l = 0.0f;
-  float acc[kMaxPerLane];
+  float m[G], l[G], acc[G][kMaxPerLane];
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) acc[g][i] = 0.0f;
+  }
   const KV* kc = static_cast<const KV*>(a.k_cache);
   const KV* vc = static_cast<const KV*>(a.v_cache);
 
   for (int32_t tile = p_begin + warp * 32; tile < p_end; tile += kWarpsPerBlock * 32) {
     const int32_t p = tile + lane;
-    float s = -INFINITY;
+    float s[G];
     if (p < p_end) {
       const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      s = __fmul_rn(dot_q_k(q_s, kc + slot * row_elems + kvh * D, D), scale);
-    }
-    const float m_new = fmaxf(m, warp_max_f(s));
-    const float corr = expf(__fsub_rn(m, m_new));  // 0 on the first tile (m = -inf)
-    const float pr = p < p_end ? expf(__fsub_rn(s, m_new)) : 0.0f;
-    l = __fadd_rn(__fmul_rn(l, corr), warp_sum_f(pr));
+      dot_q_k<G>(q_s, kc + slot * row_elems + kvh * D, D, s);
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) acc[i] = __fmul_rn(acc[i], corr);
+      for (int g = 0; g < G; ++g) s[g] = __fmul_rn(s[g], scale);
+    } else {
+#pragma unroll
+      for (int g = 0; g < G; ++g) s[g] = -INFINITY;
+    }
+    float pr[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float m_new = fmaxf(m[g], warp_max_f(s[g]));
+      const float corr = expf(__fsub_rn(m[g], m_new));  // 0 on the first tile (m = -inf)
+      pr[g] = p < p_end ? expf(__fsub_rn(s[g], m_new)) : 0.0f;
+      l[g] = __fadd_rn(__fmul_rn(l[g], corr), warp_sum_f(pr[g]));
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) acc[g][i] = __fmul_rn(acc[g][i], corr);
+      m[g] = m_new;
+    }
     const int32_t count = min(32, p_end - tile);
-#pragma unroll 4
+#pragma unroll 2
     for (int j = 0; j < count; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, pr, j);
       const int32_t pp = tile + j;
       const int64_t slot = int64_t(table[pp / a.block_size]) * a.block_size + pp % a.block_size;
       const KV* v = vc + slot * row_elems + kvh * D;
+      float vd[kMaxPerLane];
 #pragma unroll
       for (int i = 0; i < kMaxPerLane; ++i) {
         const int64_t d = lane + 32 * i;
-        if (i < per_lane && d < D) acc[i] = __fmaf_rn(pj, from_kv(v[d]), acc[i]);
+        vd[i] = i < per_lane && d < D ? from_kv(v[d]) : 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float pj = __shfl_sync(0xffffffffu, pr[g], j);
+#pragma unroll
+        for (int i = 0; i < kMaxPerLane; ++i)
+          if (i < per_lane) acc[g][i] = __fmaf_rn(pj, vd[i], acc[g][i]);
       }
     }
-    m = m_new;
-  }
-  if (lane == 0) {
-    m_s[warp] = m;
-    l_s[warp] = l;
   }
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int64_t d = lane + 32 * i;
-    if (i < per_lane && d < D) acc_s[warp][d] = acc[i];
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      m_s[warp][g] = m[g];
+      l_s[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (i < per_lane && d < D) acc_s[warp][g][d] = acc[g][i];
+    }
   }
   __syncthreads();
   // Merge the warps in order (a warp with no tile has m = -inf and weight 0).
-  float M = m_s[0];
-  for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w]);
-  float L = 0.0f;
-  for (int w = 0; w < kWarpsPerBlock; ++w)
-    if (m_s[w] != -INFINITY) L = __fadd_rn(L, __fmul_rn(l_s[w], expf(__fsub_rn(m_s[w], M))));
-  for (int64_t d = threadIdx.x; d < D; d += kBlock) {
-    float o = 0.0f;
+  for (int64_t i = threadIdx.x; i < G * D; i += kBlock) {
+    const int g = int(i / D);
+    const int64_t d = i % D, h = h0 + g, th = t * a.n_heads + h;
+    float M = m_s[0][g];
+    for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w][g]);
+    float L = 0.0f, o = 0.0f;
     for (int w = 0; w < kWarpsPerBlock; ++w)
-      if (m_s[w] != -INFINITY) o = __fmaf_rn(acc_s[w][d], expf(__fsub_rn(m_s[w], M)), o);
+      if (m_s[w][g] != -INFINITY) {
+        const float f = expf(__fsub_rn(m_s[w][g], M));
+        L = __fadd_rn(L, __fmul_rn(l_s[w][g], f));
+        o = __fmaf_rn(acc_s[w][g][d], f, o);
+      }
     if (n_parts == 1) {
       a.out[t * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
     } else {
@@ -667,13 +714,33 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   const int32_t parts = std::max(grid_partitions(a.max_positions), a.min_grid_parts);
   if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
-  const dim3 grid(grid_dim(a.n * a.n_heads, "attention"), unsigned(parts));
-  if (a.kv_type == DType::F32) launch("launching the attention kernel", attention_kernel<float>, grid, dim3(kBlock), 0, stream, a, parts);
-  else if (a.kv_type == DType::BF16)
-    launch("launching the attention kernel", attention_kernel<__nv_bfloat16>, grid, dim3(kBlock), 0, stream, a, parts);
-  else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+  // Heads per block: the largest of 8, 4, 2, 1 that divides the GQA group (SPILL_CUDA_ATTN_HEADS
+  // caps it, for comparisons: the bits are the same).
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  int G = 8;
+  while (group % G != 0) G /= 2;
+  if (const char* cap = std::getenv("SPILL_CUDA_ATTN_HEADS")) G = std::max(1, std::min(G, std::atoi(cap)));
+  while (group % G != 0) G /= 2;
+  const dim3 grid(grid_dim(a.n * (a.n_heads / G), "attention"), unsigned(parts));
+  auto go = [&](auto kv_tag, auto g_tag) {
+    using KV = decltype(kv_tag);
+    constexpr int kG = decltype(g_tag)::value;
+    launch("launching the attention kernel", attention_kernel<KV, kG>, grid, dim3(kBlock), 0, stream, a, parts);
+  };
+  auto by_heads = [&](auto kv_tag) {
+    switch (G) {
+      case 8: go(kv_tag, std::integral_constant<int, 8>{}); break;
+      case 4: go(kv_tag, std::integral_constant<int, 4>{}); break;
+      case 2: go(kv_tag, std::integral_constant<int, 2>{}); break;
+      default: go(kv_tag, std::integral_constant<int, 1>{}); break;
+    }
+  };
+  if (a.kv_type == DType::F32) by_heads(float{});
+  else if (a.kv_type == DType::BF16) by_heads(__nv_bfloat16{});
+  else throw_error("KV cache type " + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+  const dim3 merge_grid(grid_dim(a.n * a.n_heads, "attention"));
   if (parts > 1) {
-    launch("launching the attention merge kernel", attention_merge_kernel, dim3(grid.x), dim3(kBlock), 0, stream, a, parts);
+    launch("launching the attention merge kernel", attention_merge_kernel, merge_grid, dim3(kBlock), 0, stream, a, parts);
   }
 }
 
