@@ -286,6 +286,32 @@ TEST_F(CudaRunnerTest, GraphReplayIsBitIdenticalToEagerLaunches) {
   std::printf("[ measure ] tiny model decode: %lld launches per step\n", (long long)st.launches_last_step);
 }
 
+TEST_F(CudaRunnerTest, KvPoolIsSizedFromABudget) {
+  auto model = Model::load(dir_->path());
+  const int64_t per_block = cuda_kv_bytes_per_block(model->spec(), 16, DType::BF16);
+  CudaRunnerConfig c;
+  c.kv = {.block_size = 16, .n_blocks = 0};
+  c.kv_budget_bytes = 10 * per_block + per_block / 2;
+  c.max_model_len = 160;
+  auto r = make_cuda_runner(*model, c);
+  EXPECT_EQ(r->kv_config().n_blocks, 10);
+  EXPECT_EQ(cuda_runner_stats(*r).kv_bytes, 10 * per_block);
+  std::vector<int32_t> table(10);
+  std::iota(table.begin(), table.end(), 0);
+  ForwardBatch b;
+  b.tokens = {1, 2, 3};
+  b.seqs.push_back({.first_token = 0, .n_tokens = 3, .start_pos = 0, .block_table = table, .want_logits = true});
+  std::vector<float> l;
+  r->forward(b, l);
+  EXPECT_EQ(l.size(), 300u);
+  c.kv_budget_bytes = per_block / 2;
+  EXPECT_THROW(make_cuda_runner(*model, c), Error);
+  // No budget: the free memory less a reserve.
+  c.kv_budget_bytes = 0;
+  auto all = make_cuda_runner(*model, c);
+  EXPECT_GT(all->kv_config().n_blocks, 1000);
+}
+
 TEST_F(CudaRunnerTest, BadInputIsAClearError) {
   auto model = Model::load(dir_->path());
   int64_t n_blocks = 0;

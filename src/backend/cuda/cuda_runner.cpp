@@ -286,7 +286,7 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
     : model_(model), spec_(model.spec()), config_(config) {
   const KvCacheConfig& kv = config.kv;
   if (kv.block_size <= 0) fail("KV block size must be positive, got {}", kv.block_size);
-  if (kv.n_blocks <= 0) fail("the KV cache needs at least one block, got {}", kv.n_blocks);
+  if (kv.n_blocks < 0) fail("the KV cache needs at least one block, got {}", kv.n_blocks);
   if (config.max_batch_tokens <= 0 || config.max_seqs <= 0)
     fail("CUDA runner: max_batch_tokens ({}) and max_seqs ({}) must be positive", config.max_batch_tokens,
          config.max_seqs);
@@ -296,11 +296,16 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
     fail("CUDA runner: head_dim {} is not supported (even, at most {})", spec_.head_dim, cuda::kMaxHeadDim);
   if (spec_.n_kv_heads <= 0 || spec_.n_heads % spec_.n_kv_heads != 0)
     fail("CUDA runner: {} query heads do not group over {} KV heads", spec_.n_heads, spec_.n_kv_heads);
-  const int64_t capacity = kv.n_blocks * int64_t(kv.block_size);
-  max_model_len_ = config.max_model_len > 0 ? config.max_model_len : capacity;
+  // The longest sequence: as configured, else what the pool holds (when its size is given), capped
+  // by the model's positions.
+  max_model_len_ = config.max_model_len > 0 ? config.max_model_len
+                   : kv.n_blocks > 0        ? kv.n_blocks * int64_t(kv.block_size)
+                                            : spec_.max_position_embeddings;
   if (spec_.max_position_embeddings > 0 && config.max_model_len <= 0)
     max_model_len_ = std::min<int64_t>(max_model_len_, spec_.max_position_embeddings);
-  if (capacity > int64_t(INT32_MAX) * 16) fail("CUDA runner: a KV pool of {} slots is too large", capacity);
+  if (max_model_len_ <= 0 || max_model_len_ > INT32_MAX)
+    fail("CUDA runner: the longest sequence ({} positions) must be positive and fit 32 bits; set max_model_len",
+         max_model_len_);
 
   int n_devices = 0;
   check(cudaGetDeviceCount(&n_devices), "CUDA runner: counting devices");
@@ -310,12 +315,29 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "CUDA runner: creating a stream");
 
   upload_weights(model);
-
-  kv_layer_elems_ = capacity * spec_.kv_dim();
-  const size_t elem = config.kv_dtype == DType::F32 ? 4 : 2;
-  kv_bytes_ = 2 * spec_.n_layers * kv_layer_elems_ * int64_t(elem);
-  kv_.allocate(size_t(kv_bytes_), "the KV cache");
   allocate_workspace();
+
+  // The KV pool: as many blocks as asked, or what the budget (or, with none, the free memory less a
+  // reserve) holds.
+  const int64_t block_bytes = cuda_kv_bytes_per_block(spec_, kv.block_size, config.kv_dtype);
+  if (kv.n_blocks == 0) {
+    int64_t budget = config.kv_budget_bytes;
+    if (budget <= 0) {
+      size_t free_b = 0, total_b = 0;
+      check(cudaMemGetInfo(&free_b, &total_b), "CUDA runner: reading free device memory");
+      budget = int64_t(free_b) - std::max<int64_t>(int64_t(1) << 30, int64_t(total_b / 20));
+    }
+    config_.kv.n_blocks = std::max<int64_t>(0, budget / block_bytes);
+    if (config_.kv.n_blocks == 0)
+      fail("CUDA runner: no room for a single KV block ({:.1f} MiB) in a budget of {:.1f} MiB; free memory or "
+           "lower the batch limits",
+           block_bytes / 1048576.0, budget / 1048576.0);
+  }
+  const int64_t capacity = config_.kv.n_blocks * int64_t(kv.block_size);
+  if (capacity > int64_t(INT32_MAX) * 16) fail("CUDA runner: a KV pool of {} slots is too large", capacity);
+  kv_layer_elems_ = capacity * spec_.kv_dim();
+  kv_bytes_ = config_.kv.n_blocks * block_bytes;
+  kv_.allocate(size_t(kv_bytes_), "the KV cache");
   check(cudaStreamSynchronize(stream_), "CUDA runner: preparing the workspace");
 }
 
@@ -448,7 +470,12 @@ void CudaRunner::upload_weights(const Model& model) {
       if (!cuda::matmul_float_supported(m->type)) fail("CUDA runner: no matmul for {}", dtype_name(m->type));
       continue;
     }
-    m->plan = cuda::plan_gemv(m->type, m->rows, m->cols, gemv_max_n);
+    try {
+      m->plan = cuda::plan_gemv(m->type, m->rows, m->cols, gemv_max_n);
+    } catch (const Error& e) {
+      fail("CUDA runner: a {} x {} {} weight: {}; requantize it (--quant) to a type the GPU decodes", m->rows, m->cols,
+           dtype_name(m->type), e.what());
+    }
     const auto key = std::make_tuple(int(m->type), m->rows, m->cols);
     if (m->plan.workspace_bytes > 0 && !ws_offsets.count(key)) {
       ws_offsets[key] = ws_total;
@@ -487,7 +514,11 @@ void CudaRunner::upload_weights(const Model& model) {
       // Layers may differ in expert types (a mix gives some layers' down a wider type); the
       // workspace layout depends on the shape and token count only, so one workspace serves all.
       const int64_t max_tokens = std::min<int64_t>(config_.max_batch_tokens, std::max<int64_t>(1, 8192 / shape.top_k));
-      d.moe_plan = cuda::plan_moe(shape, std::min<int64_t>(max_tokens, 256));
+      try {
+        d.moe_plan = cuda::plan_moe(shape, std::min<int64_t>(max_tokens, 256));
+      } catch (const Error& e) {
+        fail("CUDA runner: the routed experts: {}; requantize them (--quant experts=...)", e.what());
+      }
       moe_workspace_bytes_ = std::max(moe_workspace_bytes_, d.moe_plan.workspace_bytes);
     }
     moe_blocks_ = blocks;
@@ -691,7 +722,7 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
   std::copy(batch.tokens.begin(), batch.tokens.end(), tokens_h);
   for (const SeqChunk& c : batch.seqs) {
     const int32_t blocks = (c.start_pos + c.n_tokens + bs - 1) / bs;
-    if (table_len + blocks > meta_.table_capacity)
+    if (table_len + blocks > meta_.table_capacity) [[unlikely]]
       fail("forward: the step's block tables ({} entries) exceed the CUDA runner's capacity ({})", table_len + blocks,
            meta_.table_capacity);
     std::copy_n(c.block_table.begin(), blocks, tables_h + table_len);

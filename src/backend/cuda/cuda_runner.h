@@ -23,12 +23,17 @@ namespace spill {
 class Model;
 
 struct CudaRunnerConfig {
-  KvCacheConfig kv;                 // block size and blocks in the pool (all layers of a block together)
+  // Block size and blocks in the pool (all layers of a block together). n_blocks 0: as many as
+  // kv_budget_bytes holds, or with no budget the free device memory after the weights and the
+  // workspace, less a reserve (1 GiB or 5%); kv_config() reports the count.
+  KvCacheConfig kv;
+  int64_t kv_budget_bytes = 0;
   int device = 0;                   // CUDA device ordinal
   int64_t max_batch_tokens = 2048;  // most tokens one step may carry (sizes the activations)
   int32_t max_seqs = 256;           // most chunks one step may carry
-  // Most positions a sequence may reach (sizes the split-attention workspace); <= 0: what the
-  // KV pool can hold (n_blocks * block_size), capped at the model's max_position_embeddings.
+  // Most positions a sequence may reach (sizes the block-table and split-attention workspace);
+  // <= 0: what the KV pool holds (n_blocks * block_size; with n_blocks 0 the model's
+  // max_position_embeddings), capped at the model's max_position_embeddings.
   int64_t max_model_len = 0;
   DType kv_dtype = DType::BF16;     // BF16 or F32
   // Decode-only steps (one token per chunk, logits for each) replay a CUDA graph per (batch size,
