@@ -28,6 +28,7 @@
 #include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "model/quantize_on_load.h"
 #include "model/runner.h"
 #include "test_models.h"
 
@@ -421,6 +422,30 @@ TEST(CudaRunnerModels, SpillTinyGreedyMatchesTheCpuRunner) {
   cpu::set_activation_mode(cpu::ActivationMode::F32);
   auto model = Model::load(dir);
   greedy_against_cpu(*model, 12, "spill-tiny bf16");
+}
+
+// Block-format weights through the real quantizer: a random model whose widths are whole 256-blocks,
+// quantized on load by --quant mixes (K-quants, Q8_0; an embedding the device gather cannot read,
+// so its rows come from the host; a tied head).
+TEST(CudaRunnerModels, QuantizedModelsGreedyMatchTheCpuRunner) {
+  SPILL_SKIP_WITHOUT_GPU();
+  cpu::set_activation_mode(cpu::ActivationMode::F32);
+  TempDir dir("spill-cuda-runner-quant");
+  for (bool tied : {false, true}) {
+    const std::string path = dir.path() + (tied ? "/tied" : "/untied");
+    write_random_model(path, RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 3, .n_heads = 4,
+                                               .n_kv_heads = 2, .head_dim = 64, .n_experts = 8,
+                                               .n_experts_per_token = 2, .moe_intermediate_size = 256,
+                                               .intermediate_size = 512, .dense_layers = {0},
+                                               .tie_word_embeddings = tied, .seed = 21});
+    for (const char* mix : {"q4_k_m", "q8_0", "experts=q4_k,attention=q6_k,dense=q5_k,head=q8_0,embed=q4_k"}) {
+      auto model = Model::load(path);
+      QuantRequest request;
+      request.quant = mix;
+      quantize_as_asked(*model, request);
+      greedy_against_cpu(*model, 8, std::string(mix) + (tied ? " tied" : ""));
+    }
+  }
 }
 
 TEST(CudaRunnerModels, QuantizedGgufsGreedyMatchTheCpuRunner) {
