@@ -38,6 +38,8 @@ struct Args {
   int steps = 20;
   double ceiling_gbps = 4530.0;  // measured HBM read bandwidth of the H200 (issue 12)
   int layers = 0;                // > 0: override the shape's layer count (quick runs)
+  bool profile = false;          // time each op with events (steps launched eagerly, no graphs)
+  bool graphs = true;
 };
 
 // Counts distinct routed experts per layer.
@@ -71,6 +73,8 @@ int main(int argc, char** argv) {
     else if (f == "--steps") a.steps = std::atoi(next().c_str());
     else if (f == "--ceiling") a.ceiling_gbps = std::atof(next().c_str());
     else if (f == "--layers") a.layers = std::atoi(next().c_str());
+    else if (f == "--profile") a.profile = true;
+    else if (f == "--no-graphs") a.graphs = false;
     else if (f == "--batches") {
       a.batches.clear();
       std::stringstream ss(next());
@@ -78,7 +82,7 @@ int main(int argc, char** argv) {
       while (std::getline(ss, item, ',')) a.batches.push_back(std::atoi(item.c_str()));
     } else {
       std::fprintf(stderr, "usage: %s [--shape F] [--quant MIX] [--batches 1,4,8] [--context N] [--steps N] "
-                           "[--ceiling GBps] [--layers N]\n", argv[0]);
+                           "[--ceiling GBps] [--layers N] [--profile] [--no-graphs]\n", argv[0]);
       return 2;
     }
   }
@@ -115,6 +119,8 @@ int main(int argc, char** argv) {
     config.max_batch_tokens = std::max<int64_t>(512, max_b);
     config.max_seqs = std::max(max_b, 1);
     config.max_model_len = int64_t(blocks_per_seq) * bs;
+    config.profile_ops = a.profile;
+    config.cuda_graphs = a.graphs;
     auto runner = make_cuda_runner(*model, config);
     const CudaRunnerStats st = cuda_runner_stats(*runner);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -193,6 +199,15 @@ int main(int argc, char** argv) {
       const double roof_ms = double(bytes) / (a.ceiling_gbps * 1e9) * 1e3;
       std::printf("%6d %10.3f %12.1f %12.1f %10.1f %10.1f %12.3f %10.1f %8.1f%%\n", B, step_ms, 1e3 / step_ms,
                   B * 1e3 / step_ms, experts_per_layer, bytes / 1e6, roof_ms, 1e3 / roof_ms, 100 * roof_ms / step_ms);
+      if (a.profile) {
+        const CudaRunnerStats ps = cuda_runner_stats(*runner);
+        double total = 0;
+        for (const auto& [op, op_ms] : ps.op_ms_last_step) total += op_ms;
+        std::printf("       device time by op, last step (us per layer; embedding, final norm, LM head: per step; total %.3f ms):", total);
+        for (const auto& [op, op_ms] : ps.op_ms_last_step)
+          std::printf(" %s %.1f;", op.c_str(), 1e3 * op_ms / (op == "embedding" || op == "final norm" || op == "LM head" ? 1.0 : double(spec.n_layers)));
+        std::printf("\n");
+      }
     }
     std::printf("\nprefill of one %d-token prompt (chunks of %lld), eager launches:", a.context,
                 (long long)config.max_batch_tokens);

@@ -113,12 +113,13 @@ class CudaRunner final : public ModelRunner {
   CudaRunner(const Model& model, const CudaRunnerConfig& config);
   ~CudaRunner() override {
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
   CudaRunnerStats stats() const {
     return {.weight_bytes = weight_bytes_, .kv_bytes = kv_bytes_, .workspace_bytes = workspace_bytes_,
-            .launches_last_step = launches_};
+            .launches_last_step = launches_, .op_ms_last_step = op_ms_};
   }
   const ModelSpec& spec() const override { return spec_; }
   const KvCacheConfig& kv_config() const override { return config_.kv; }
@@ -146,6 +147,9 @@ class CudaRunner final : public ModelRunner {
   void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias);
   void experts(const DeviceLayer& layer, const float* x, int64_t n, float* out);
   void observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows, int64_t cols);
+  // With config.profile_ops: an event after each op; the time since the previous mark is the op's.
+  void mark(const char* op);
+  void collect_profile();
 
   const Model& model_;
   ModelSpec spec_;
@@ -196,6 +200,10 @@ class CudaRunner final : public ModelRunner {
     int64_t launches = 0;
   };
   std::map<std::pair<int64_t, int32_t>, GraphExec> graphs_;
+  // Op profile (config.profile_ops): events of this step, in order, and the last step's times.
+  std::vector<cudaEvent_t> events_;
+  std::vector<const char*> event_ops_;
+  std::vector<std::pair<std::string, double>> op_ms_;
 };
 
 // Two passes over the weights with the same code: the first counts bytes, the second (after one
@@ -753,7 +761,8 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
   launches_ = embed_on_device_ ? 1 : 2;
 
   logits.resize(size_t(st.rows * V));
-  if (decode_only && config_.cuda_graphs && st.rows <= logit_rows_per_pass_) {
+  event_ops_.clear();
+  if (decode_only && config_.cuda_graphs && !config_.profile_ops && st.rows <= logit_rows_per_pass_) {
     // Decode steps replay a graph captured once per (batch size, attention partitions): nothing
     // that changes per step is in it (tokens, positions, slots, block tables and the expert
     // tables are read from device memory).
@@ -786,6 +795,30 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
     enqueue_step(st, observer, &logits);
   }
   check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
+  if (config_.profile_ops) collect_profile();
+}
+
+void CudaRunner::mark(const char* op) {
+  if (!config_.profile_ops) return;
+  const size_t i = event_ops_.size();
+  if (i == events_.size()) {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "CUDA runner: creating a profiling event");
+    events_.push_back(e);
+  }
+  check(cudaEventRecord(events_[i], stream_), "CUDA runner: recording a profiling event");
+  event_ops_.push_back(op);
+}
+
+void CudaRunner::collect_profile() {
+  op_ms_.clear();
+  for (size_t i = 1; i < event_ops_.size(); ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "CUDA runner: reading a profiling event");
+    auto it = std::find_if(op_ms_.begin(), op_ms_.end(), [&](const auto& p) { return p.first == event_ops_[i]; });
+    if (it == op_ms_.end()) op_ms_.emplace_back(event_ops_[i], double(ms));
+    else it->second += double(ms);
+  }
 }
 
 void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::vector<float>* logits) {
@@ -801,6 +834,7 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
   const auto* rows_d = reinterpret_cast<const int32_t*>(md + meta_.rows);
   const auto* tables_d = reinterpret_cast<const int32_t*>(md + meta_.tables);
   const int64_t R = st.rows;
+  mark(nullptr);
 
   // ---- embedding ----
   if (embed_on_device_) {
@@ -811,6 +845,7 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
           "CUDA runner: embedding rows");
     ++launches_;
   }
+  mark("embedding");
 
   const size_t kv_elem = config_.kv_dtype == DType::F32 ? 4 : 2;
   const int attention_launches = st.grid_parts > 1 ? 2 : cuda::attention_launches(max_positions);
@@ -822,6 +857,7 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
                    .dim = H, .eps = spec_.rms_norm_eps},
                   stream_);
     ++launches_;
+    mark("rmsnorm + residual");
     if (observer && pending_residual) observe(observer, "layer_out", layer - 1, x_, n, H);
 
     // q, k, v
@@ -838,12 +874,14 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
       linear(d.k, h_, n, k, nullptr);
       linear(d.v, h_, n, v, nullptr);
     }
+    mark("q/k/v projections");
     if (d.q_norm) {
       cuda::qk_norm({.q = q, .k = k, .ld_q = ld_q, .ld_k = ld_k, .q_weight = d.q_norm, .k_weight = d.k_norm, .n = n,
                      .n_heads = spec_.n_heads, .n_kv_heads = spec_.n_kv_heads, .head_dim = D,
                      .per_head = spec_.qk_norm == QkNorm::PerHead, .eps = spec_.rms_norm_eps},
                     stream_);
       ++launches_;
+      mark("q/k norm");
     }
     uint8_t* k_cache = kv_.as<uint8_t>() + size_t(l * kv_layer_elems_) * kv_elem;
     uint8_t* v_cache = kv_.as<uint8_t>() + size_t((spec_.n_layers + l) * kv_layer_elems_) * kv_elem;
@@ -854,6 +892,7 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
                          .n_kv_heads = spec_.n_kv_heads, .head_dim = D},
                         stream_);
     ++launches_;
+    mark("rope + KV write");
     for (int64_t t0 = 0; t0 < n; t0 += attn_tokens_per_call_) {
       const int64_t nt = std::min(attn_tokens_per_call_, n - t0);
       cuda::paged_attention({.q = q + t0 * ld_q, .ld_q = ld_q, .k_cache = k_cache, .v_cache = v_cache,
@@ -865,17 +904,22 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
                             stream_);
       launches_ += attention_launches;
     }
+    mark("attention");
     linear(d.o, attn_, n, proj_, d.o_bias);
+    mark("o projection");
     cuda::rmsnorm({.x = x_, .residual = proj_, .weight = d.mlp_norm, .out = h_, .n = n, .dim = H, .eps = spec_.rms_norm_eps},
                   stream_);
     ++launches_;
+    mark("rmsnorm + residual");
     if (observer) observe(observer, "attn_residual", layer, x_, n, H);
 
     if (d.moe) {
       const int64_t E = spec_.n_experts, K = spec_.n_experts_per_token;
       linear(d.router, h_, n, router_logits_, d.router_bias);
+      mark("router matmul");
       cuda::route_topk(router_logits_, n, E, K, spec_.norm_topk_prob, route_ids_, route_weights_, stream_);
       ++launches_;
+      mark("router top-k");
       if (observer) {
         std::vector<int32_t> ids(size_t(n * K));
         std::vector<float> ws(size_t(n * K));
@@ -885,6 +929,7 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
         observer->on_router(layer, n, K, ids.data(), ws.data());
       }
       experts(d, h_, n, mlp_out_);
+      mark("routed experts");
     } else {
       const int64_t I = spec_.intermediate_size;
       if (!d.gate_up.empty()) {
@@ -898,6 +943,7 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
         ++launches_;
       }
       linear(d.down, mlp_act_, n, mlp_out_, nullptr);
+      mark("dense MLP");
     }
     pending_residual = true;
     if (observer && l + 1 == spec_.n_layers) {
@@ -915,7 +961,9 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
                    .out = final_rows_, .n = nr, .dim = H, .eps = spec_.rms_norm_eps},
                   stream_);
     ++launches_;
+    mark("final norm");
     linear(lm_head_, final_rows_, nr, logits_dev_, nullptr);
+    mark("LM head");
     if (logits)
       check(cudaMemcpyAsync(logits->data() + r0 * V, logits_dev_, size_t(nr * V) * 4, cudaMemcpyDeviceToHost, stream_),
             "CUDA runner: copying logits");

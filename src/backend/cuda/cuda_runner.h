@@ -13,6 +13,9 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -39,6 +42,8 @@ struct CudaRunnerConfig {
   // Decode-only steps (one token per chunk, logits for each) replay a CUDA graph per (batch size,
   // attention partitions), captured at first use; false: every step is launched kernel by kernel.
   bool cuda_graphs = true;
+  // An event between ops and their device times in cuda_runner_stats (every step launched eagerly).
+  bool profile_ops = false;
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).
@@ -52,6 +57,8 @@ struct CudaRunnerStats {
   int64_t kv_bytes = 0;         // the KV pool
   int64_t workspace_bytes = 0;  // activations, GEMV/MoE/attention workspaces
   int64_t launches_last_step = 0;  // kernels (and device copies) the last forward enqueued
+  // With profile_ops: the last step's device time by op (summed over layers), in step order.
+  std::vector<std::pair<std::string, double>> op_ms_last_step;
 };
 
 #if SPILL_HAVE_CUDA
