@@ -762,7 +762,7 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
 
   logits.resize(size_t(st.rows * V));
   event_ops_.clear();
-  if (decode_only && config_.cuda_graphs && !config_.profile_ops && st.rows <= logit_rows_per_pass_) {
+  if (decode_only && n > 0 && config_.cuda_graphs && !config_.profile_ops && st.rows <= logit_rows_per_pass_) {
     // Decode steps replay a graph captured once per (batch size, attention partitions): nothing
     // that changes per step is in it (tokens, positions, slots, block tables and the expert
     // tables are read from device memory).
