@@ -226,6 +226,33 @@ TEST_F(CudaRunnerTest, MixedPrefillAndDecodeStepMatchesTheCpuRunner) {
   }
 }
 
+// A context of ~1500 positions: attention split into a dozen partitions, prefilled in chunks of the
+// runner's token limit, then decoded (graphs of a 16-partition grid).
+TEST_F(CudaRunnerTest, LongContextMatchesTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 1600, 16, &n_blocks, 10);
+  auto cpu = make_cpu_runner(*model, {.block_size = 16, .n_blocks = n_blocks}, 0);
+  auto gpu = cuda_runner(*model, n_blocks, 16, DType::F32);
+  std::vector<float> lc, lg;
+  int32_t pos = 0;
+  for (int chunk = 0; chunk < 6; ++chunk) {
+    std::vector<int32_t> t(250);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((pos + int32_t(i)) * 7 % 300);
+    cpu->forward(s.make({{0, t, pos}}, false), lc);
+    gpu->forward(s.make({{0, t, pos}}, false), lg);
+    pos += 250;
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, DType::F32), "chunk " + std::to_string(chunk));
+  }
+  for (int step = 0; step < 4; ++step) {
+    const int32_t next = argmax(lc.data(), 300);
+    cpu->forward(s.make({{0, {next}, pos}}, false), lc);
+    gpu->forward(s.make({{0, {next}, pos}}, false), lg);
+    ++pos;
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, DType::F32), "long decode " + std::to_string(step));
+  }
+}
+
 TEST_F(CudaRunnerTest, LogitsAreBatchInvariant) {
   auto model = Model::load(dir_->path());
   int64_t n_blocks = 0;
