@@ -157,6 +157,8 @@ TEST(CudaOps, RmsNormWithResidualAndRowGatherMatchesTheTwin) {
   }
 }
 
+// The q/k norm fused into the RoPE kernel, isolated by a zero frequency table (cos 1, sin 0: the
+// rotation is exact), so q and the stored k are the normed values.
 TEST(CudaOps, QkNormPerHeadAndWholeProjectionMatchTheTwin) {
   SPILL_SKIP_WITHOUT_GPU();
   const int64_t n = 17, nh = 6, nkv = 2, D = 48, ld_q = nh * D + 2 * nkv * D;
@@ -166,36 +168,46 @@ TEST(CudaOps, QkNormPerHeadAndWholeProjectionMatchTheTwin) {
     auto qw = randn(size_t(qw_len), 6, 0.1f), kw = randn(size_t(kw_len), 7, 0.1f);
     for (float& v : qw) v += 1;
     for (float& v : kw) v += 1;
-    DeviceBuffer d = to_device(qkv), qwd = to_device(qw), kwd = to_device(kw);
-    cuda::qk_norm({.q = d.as<float>(), .k = d.as<float>() + nh * D, .ld_q = ld_q, .ld_k = ld_q,
-                   .q_weight = qwd.as<float>(), .k_weight = kwd.as<float>(), .n = n, .n_heads = nh, .n_kv_heads = nkv,
-                   .head_dim = D, .per_head = per_head, .eps = 1e-6},
-                  s0);
+    std::vector<int32_t> positions(static_cast<size_t>(n));
+    std::vector<int64_t> slots(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = int32_t(t * 3), slots[size_t(t)] = n - 1 - t;
+    DeviceBuffer d = to_device(qkv), qwd = to_device(qw), kwd = to_device(kw), pd = to_device(positions),
+                 sd = to_device(slots), inv = to_device(std::vector<float>(size_t(D / 2), 0.0f)),
+                 kc(size_t(n * nkv * D) * 4), vc(size_t(n * nkv * D) * 4);
+    float* q = d.as<float>();
+    cuda::rope_kv_write({.q = q, .k = q + nh * D, .v = q + (nh + nkv) * D, .ld_q = ld_q, .ld_k = ld_q, .ld_v = ld_q,
+                         .positions = pd.as<int32_t>(), .slots = sd.as<int64_t>(), .inv_freq = inv.as<float>(),
+                         .q_norm = qwd.as<float>(), .k_norm = kwd.as<float>(), .norm_per_head = per_head,
+                         .norm_eps = 1e-6, .k_cache = kc.ptr, .v_cache = vc.ptr, .kv_type = DType::F32, .n = n,
+                         .n_heads = nh, .n_kv_heads = nkv, .head_dim = D},
+                        s0);
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = test::download<float>(d.ptr, qkv.size());
-    std::vector<float> q(size_t(n * nh * D)), k(size_t(n * nkv * D));
+    const auto k_stored = test::download<float>(kc.ptr, size_t(n * nkv * D));
+    const auto v_stored = test::download<float>(vc.ptr, size_t(n * nkv * D));
+    std::vector<float> qr(size_t(n * nh * D)), kr(size_t(n * nkv * D));
     for (int64_t t = 0; t < n; ++t) {
-      std::copy_n(qkv.begin() + t * ld_q, nh * D, q.begin() + t * nh * D);
-      std::copy_n(qkv.begin() + t * ld_q + nh * D, nkv * D, k.begin() + t * nkv * D);
+      std::copy_n(qkv.begin() + t * ld_q, nh * D, qr.begin() + t * nh * D);
+      std::copy_n(qkv.begin() + t * ld_q + nh * D, nkv * D, kr.begin() + t * nkv * D);
     }
     if (per_head) {
-      cpu::rmsnorm(q.data(), n * nh, D, view(qw.data(), DType::F32, 1, D), 1e-6, q.data());
-      cpu::rmsnorm(k.data(), n * nkv, D, view(kw.data(), DType::F32, 1, D), 1e-6, k.data());
+      cpu::rmsnorm(qr.data(), n * nh, D, view(qw.data(), DType::F32, 1, D), 1e-6, qr.data());
+      cpu::rmsnorm(kr.data(), n * nkv, D, view(kw.data(), DType::F32, 1, D), 1e-6, kr.data());
     } else {
-      cpu::rmsnorm(q.data(), n, nh * D, view(qw.data(), DType::F32, 1, nh * D), 1e-6, q.data());
-      cpu::rmsnorm(k.data(), n, nkv * D, view(kw.data(), DType::F32, 1, nkv * D), 1e-6, k.data());
+      cpu::rmsnorm(qr.data(), n, nh * D, view(qw.data(), DType::F32, 1, nh * D), 1e-6, qr.data());
+      cpu::rmsnorm(kr.data(), n, nkv * D, view(kw.data(), DType::F32, 1, nkv * D), 1e-6, kr.data());
     }
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t j = 0; j < nh * D; ++j) {
-        const float ref = q[size_t(t * nh * D + j)];
-        ASSERT_NEAR(got[size_t(t * ld_q + j)], ref, std::ldexp(std::fabs(ref), -21));
+        const float ref = qr[size_t(t * nh * D + j)];
+        ASSERT_NEAR(got[size_t(t * ld_q + j)], ref, std::ldexp(std::fabs(ref), -21)) << "q " << t << " " << j;
       }
+      const int64_t slot = n - 1 - t;
       for (int64_t j = 0; j < nkv * D; ++j) {
-        const float ref = k[size_t(t * nkv * D + j)];
-        ASSERT_NEAR(got[size_t(t * ld_q + nh * D + j)], ref, std::ldexp(std::fabs(ref), -21));
+        const float ref = kr[size_t(t * nkv * D + j)];
+        ASSERT_NEAR(k_stored[size_t(slot * nkv * D + j)], ref, std::ldexp(std::fabs(ref), -21)) << "k " << t << " " << j;
+        ASSERT_EQ(v_stored[size_t(slot * nkv * D + j)], qkv[size_t(t * ld_q + (nh + nkv) * D + j)]) << "v is stored as is";
       }
-      for (int64_t j = 0; j < nkv * D; ++j)  // v untouched
-        ASSERT_EQ(got[size_t(t * ld_q + (nh + nkv) * D + j)], qkv[size_t(t * ld_q + (nh + nkv) * D + j)]);
     }
   }
 }

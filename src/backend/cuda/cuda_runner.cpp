@@ -875,24 +875,18 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
       linear(d.v, h_, n, v, nullptr);
     }
     mark("q/k/v projections");
-    if (d.q_norm) {
-      cuda::qk_norm({.q = q, .k = k, .ld_q = ld_q, .ld_k = ld_k, .q_weight = d.q_norm, .k_weight = d.k_norm, .n = n,
-                     .n_heads = spec_.n_heads, .n_kv_heads = spec_.n_kv_heads, .head_dim = D,
-                     .per_head = spec_.qk_norm == QkNorm::PerHead, .eps = spec_.rms_norm_eps},
-                    stream_);
-      ++launches_;
-      mark("q/k norm");
-    }
     uint8_t* k_cache = kv_.as<uint8_t>() + size_t(l * kv_layer_elems_) * kv_elem;
     uint8_t* v_cache = kv_.as<uint8_t>() + size_t((spec_.n_layers + l) * kv_layer_elems_) * kv_elem;
     cuda::rope_kv_write({.q = q, .k = k, .v = v, .ld_q = ld_q, .ld_k = ld_k, .ld_v = ld_v, .positions = pos_d,
                          .slots = slots_d, .inv_freq = inv_freq_, .attention_factor = attention_factor_,
-                         .clip = float(spec_.clip_qkv), .k_cache = k_cache, .v_cache = v_cache,
+                         .clip = float(spec_.clip_qkv), .q_norm = d.q_norm, .k_norm = d.k_norm,
+                         .norm_per_head = spec_.qk_norm == QkNorm::PerHead, .norm_eps = spec_.rms_norm_eps,
+                         .k_cache = k_cache, .v_cache = v_cache,
                          .kv_type = config_.kv_dtype, .n = n, .n_heads = spec_.n_heads,
                          .n_kv_heads = spec_.n_kv_heads, .head_dim = D},
                         stream_);
     ++launches_;
-    mark("rope + KV write");
+    mark("q/k norm + rope + KV write");
     for (int64_t t0 = 0; t0 < n; t0 += attn_tokens_per_call_) {
       const int64_t nt = std::min(attn_tokens_per_call_, n - t0);
       cuda::paged_attention({.q = q + t0 * ld_q, .ld_q = ld_q, .k_cache = k_cache, .v_cache = v_cache,

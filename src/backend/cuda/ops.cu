@@ -153,27 +153,6 @@ __global__ void rmsnorm_kernel(RmsNormArgs a) {
   for (int64_t j = threadIdx.x; j < a.dim; j += kBlock) o[j] = __fmul_rn(a.weight[j], __fmul_rn(x[j], scale));
 }
 
-// blockIdx.x: token; blockIdx.y: head (q heads, then k heads) or 0/1 (whole q / whole k).
-__global__ void qk_norm_kernel(QkNormArgs a) {
-  overlap_prologue();
-  const int64_t t = blockIdx.x, h = blockIdx.y;
-  float* x;
-  const float* w;
-  int64_t dim;
-  if (a.per_head) {
-    const bool is_q = h < a.n_heads;
-    x = is_q ? a.q + t * a.ld_q + h * a.head_dim : a.k + t * a.ld_k + (h - a.n_heads) * a.head_dim;
-    w = is_q ? a.q_weight : a.k_weight;
-    dim = a.head_dim;
-  } else {
-    x = h == 0 ? a.q + t * a.ld_q : a.k + t * a.ld_k;
-    w = h == 0 ? a.q_weight : a.k_weight;
-    dim = (h == 0 ? a.n_heads : a.n_kv_heads) * a.head_dim;
-  }
-  const float scale = rms_scale(x, dim, a.eps);
-  for (int64_t j = threadIdx.x; j < dim; j += kBlock) x[j] = __fmul_rn(w[j], __fmul_rn(x[j], scale));
-}
-
 // ---- RoPE + KV write -----------------------------------------------------------------------------
 
 __device__ __forceinline__ float clip_value(float v, float c) { return c > 0 ? fminf(fmaxf(v, -c), c) : v; }
@@ -200,6 +179,31 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   const float pos = float(a.positions[t]);
   KV* kc = static_cast<KV*>(a.k_cache) + a.slots[t] * a.n_kv_heads * D;
   KV* vc = static_cast<KV*>(a.v_cache) + a.slots[t] * a.n_kv_heads * D;
+  if (a.q_norm) {
+    float* q = a.q + t * a.ld_q;
+    float* k = a.k + t * a.ld_k;
+    if (a.norm_per_head) {
+      // A warp per head (q heads, then k heads): lanes' strided squares, then the butterfly.
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      for (int64_t h = warp; h < a.n_heads + a.n_kv_heads; h += kWarpsPerBlock) {
+        float* x = h < a.n_heads ? q + h * D : k + (h - a.n_heads) * D;
+        const float* w = h < a.n_heads ? a.q_norm : a.k_norm;
+        double s = 0;
+        for (int64_t j = lane; j < D; j += 32) s = __fma_rn(double(x[j]), double(x[j]), s);
+        s = warp_sum_d(s);
+        const float scale = float(1.0 / sqrt(s / double(D) + a.norm_eps));
+        for (int64_t j = lane; j < D; j += 32) x[j] = __fmul_rn(w[j], __fmul_rn(x[j], scale));
+      }
+    } else {
+      const int64_t qd = a.n_heads * D, kd = a.n_kv_heads * D;
+      const float q_scale = rms_scale(q, qd, a.norm_eps);
+      const float k_scale = rms_scale(k, kd, a.norm_eps);
+      __syncthreads();  // every thread has read its squares before any is overwritten
+      for (int64_t j = threadIdx.x; j < qd; j += blockDim.x) q[j] = __fmul_rn(a.q_norm[j], __fmul_rn(q[j], q_scale));
+      for (int64_t j = threadIdx.x; j < kd; j += blockDim.x) k[j] = __fmul_rn(a.k_norm[j], __fmul_rn(k[j], k_scale));
+    }
+    __syncthreads();
+  }
   const int64_t rot_items = (a.n_heads + a.n_kv_heads) * half;
   for (int64_t it = threadIdx.x; it < rot_items; it += blockDim.x) {
     const int64_t h = it / half, i = it % half;
@@ -675,17 +679,12 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
   launch("launching the RMSNorm kernel", rmsnorm_kernel, dim3(grid_dim(a.n, "rmsnorm")), dim3(kBlock), 0, stream, a);
 }
 
-void qk_norm(const QkNormArgs& a, cudaStream_t stream) {
-  if (a.n <= 0) return;
-  if (a.head_dim <= 0 || a.n_heads <= 0 || a.n_kv_heads <= 0) throw_error("q/k norm: bad head shape");
-  const dim3 grid(grid_dim(a.n, "q/k norm"), unsigned(a.per_head ? a.n_heads + a.n_kv_heads : 2));
-  launch("launching the q/k norm kernel", qk_norm_kernel, grid, dim3(kBlock), 0, stream, a);
-}
-
 void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
   if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > kMaxHeadDim)
     throw_error("RoPE: head_dim " + str(a.head_dim) + " must be even and at most " + str(kMaxHeadDim));
+  if (a.n_heads <= 0 || a.n_kv_heads <= 0 || (a.q_norm == nullptr) != (a.k_norm == nullptr))
+    throw_error("RoPE: bad head counts, or a q norm without a k norm");
   const unsigned grid = grid_dim(a.n, "RoPE");
   if (a.kv_type == DType::F32) launch("launching the RoPE/KV-write kernel", rope_kv_kernel<float>, dim3(grid), dim3(kBlock), 0, stream, a);
   else if (a.kv_type == DType::BF16)

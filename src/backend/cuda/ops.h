@@ -1,5 +1,5 @@
 // The CUDA runner's per-layer kernels other than the quantized GEMV (gemv.h) and the block-format
-// experts (moe.h): embedding rows, RMSNorm fused with the residual add, q/k norm, RoPE fused with
+// experts (moe.h): embedding rows, RMSNorm fused with the residual add, q/k norm and RoPE fused with
 // the paged-KV write, paged attention (decode and prefill in one kernel), router softmax + top-k,
 // SiLU * up, dense matmul of F32/BF16/F16 weights, the routed experts of F32/BF16/F16 weights, and
 // argmax. One canonical kernel per job; each has its CPU twin in src/backend/cpu/ (named below),
@@ -47,29 +47,16 @@ struct RmsNormArgs {
 };
 void rmsnorm(const RmsNormArgs& args, cudaStream_t stream);
 
-// ---- q/k norm (twin: cpu::rmsnorm over heads or whole projections) -------------------------------
-// In place on q [n, ld_q] (n_heads heads of head_dim) and k [n, ld_k] (n_kv_heads heads).
-// per_head: each head normed with q_weight/k_weight [head_dim]; else each token's whole q (q_dim)
-// and whole k (kv_dim) with q_weight [q_dim] / k_weight [kv_dim].
-struct QkNormArgs {
-  float* q = nullptr;
-  float* k = nullptr;
-  int64_t ld_q = 0, ld_k = 0;
-  const float* q_weight = nullptr;
-  const float* k_weight = nullptr;
-  int64_t n = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  bool per_head = true;
-  double eps = 1e-6;
-};
-void qk_norm(const QkNormArgs& args, cudaStream_t stream);
-
-// ---- RoPE + paged-KV write (twin: cpu::apply_rope and paged_attention's store) -------------------
-// Clamps q, k, v to [-clip, clip] when clip > 0 (OLMoE), rotates q in place and k (rotate-half form,
-// cos/sin of position * inv_freq[i], times attention_factor), and stores k and v at their cache
-// slots: K/V pools are [slots][n_kv_heads][head_dim] in kv_type (F32 or BF16, rounded to nearest).
+// ---- q/k norm + RoPE + paged-KV write (twins: cpu::rmsnorm, cpu::apply_rope, paged_attention's store) ----
+// With q_norm/k_norm: RMSNorm of each head (norm_per_head, weights [head_dim]) or of each token's
+// whole q and k (weights [q_dim] / [kv_dim]), in place, the mean of squares in double. Then clamps q,
+// k, v to [-clip, clip] when clip > 0 (OLMoE), rotates q in place and k (rotate-half form, cos/sin
+// of position * inv_freq[i], times attention_factor), and stores k and v at their cache slots:
+// K/V pools are [slots][n_kv_heads][head_dim] in kv_type (F32 or BF16, rounded to nearest). k is
+// scratch afterwards (normed in place).
 struct RopeKvArgs {
   float* q = nullptr;
-  const float* k = nullptr;
+  float* k = nullptr;
   const float* v = nullptr;
   int64_t ld_q = 0, ld_k = 0, ld_v = 0;
   const int32_t* positions = nullptr;  // [n]
@@ -77,6 +64,10 @@ struct RopeKvArgs {
   const float* inv_freq = nullptr;     // [head_dim / 2]
   float attention_factor = 1.0f;
   float clip = 0.0f;
+  const float* q_norm = nullptr;  // null: no q/k norm
+  const float* k_norm = nullptr;
+  bool norm_per_head = true;
+  double norm_eps = 1e-6;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   DType kv_type = DType::BF16;
