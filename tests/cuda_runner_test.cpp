@@ -10,7 +10,11 @@
 //   eps = sum over layers of sum over the chain's dots of 2 gamma_K  (+ 2 x 2^-9 per layer for a
 //   BF16 KV cache: K and V rounded once each),
 // and a logit is off by at most eps times the largest |logit| (the head's sum |x w| is of that
-// size for these models, whose logits are spread by design). Greedy picks must agree exactly.
+// size for these models, whose logits are spread by design). A BF16 cache rounds K and V (2^-8
+// relative each): V's rounding adds 2^-8 to the attention output's relative error, K's moves every
+// score by at most 2^-8 S, S the largest sum |q k| / sqrt(D), and the softmax weights relatively by
+// twice that; with per-head RMS-normed q and k, S <= sqrt(D) max|w_q| max|w_k| (Cauchy-Schwarz).
+// Greedy picks must agree exactly.
 #include <gtest/gtest.h>
 
 #if SPILL_HAVE_CUDA
@@ -42,12 +46,33 @@ using testing::write_random_model;
 constexpr double kU = 1.0 / 16777216.0;
 double gamma(int64_t m) { return double(m) * kU / (1.0 - double(m) * kU); }
 
-double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv) {
+// The bound on a score, S above, from the model's q/k norm weights (per-head norms only).
+double score_bound(const Model& m) {
+  const ModelSpec& s = m.spec();
+  double wq = 0, wk = 0;
+  std::vector<float> row(static_cast<size_t>(s.head_dim));
+  for (const LayerWeights& l : m.layers) {
+    if (s.qk_norm != QkNorm::PerHead) fail("score_bound: needs per-head q/k norms");
+    for (auto [t, w] : {std::pair{&l.q_norm, &wq}, std::pair{&l.k_norm, &wk}}) {
+      TensorView v = *t;
+      v.ndim = 2;
+      v.shape = {1, s.head_dim, 0, 0};
+      cpu::load_row(v, 0, row.data());
+      for (float f : row) *w = std::max(*w, double(std::fabs(f)));
+    }
+  }
+  return std::sqrt(double(s.head_dim)) * wq * wk;
+}
+
+double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv, double score = 0) {
   const int64_t H = s.hidden_size, D = s.head_dim;
   const int64_t I = std::max(s.intermediate_size, s.moe_intermediate_size);
   double per_layer = 2 * (gamma(H) + gamma(D) + gamma(max_positions + 32) + gamma(s.q_dim()) + gamma(H) + gamma(H) +
                           gamma(I) + gamma(std::max<int64_t>(s.n_experts_per_token, 1)));
-  if (kv == DType::BF16) per_layer += 2 * std::ldexp(1.0, -9);
+  if (kv == DType::BF16) {
+    if (score <= 0) fail("chain_eps: a BF16 cache needs the score bound");
+    per_layer += std::ldexp(1.0, -8) * (1 + 2 * score);
+  }
   return double(s.n_layers) * per_layer + 2 * gamma(H);
 }
 
@@ -166,7 +191,7 @@ TEST_F(CudaRunnerTest, PrefillLogitsMatchTheCpuRunner) {
     std::vector<float> lc, lg;
     cpu->forward(b, lc);
     gpu->forward(b, lg);
-    const double r = compare_logits(lg, lc, 300, chain_eps(model->spec(), 23, kv), "prefill");
+    const double r = compare_logits(lg, lc, 300, chain_eps(model->spec(), 23, kv, score_bound(*model)), "prefill");
     std::printf("[ measure ] prefill, %s KV: max |gpu - cpu| / bound = %.3g\n", std::string(dtype_name(kv)).c_str(), r);
   }
 }
@@ -185,7 +210,7 @@ TEST_F(CudaRunnerTest, GreedyDecodeMatchesTheCpuRunner) {
     int32_t pos = int32_t(prompt.size());
     double worst = 0;
     for (int step = 0; step < 24; ++step) {
-      const double eps = chain_eps(model->spec(), pos + 1, kv);
+      const double eps = chain_eps(model->spec(), pos + 1, kv, score_bound(*model));
       worst = std::max(worst, compare_logits(lg, lc, 300, eps, "decode step " + std::to_string(step)));
       const int32_t next = argmax(lc.data(), 300);
       ASSERT_EQ(argmax(lg.data(), 300), next) << "step " << step;

@@ -165,8 +165,16 @@ int main(int argc, char** argv) {
                              .want_logits = p0 + n == a.context});
           runner->forward(fb, logits);
         }
-        if (i == 0)
+        if (i == 0) {
           prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p_start).count();
+          if (a.profile && B == a.batches.front()) {
+            std::printf("       prefill device time by op, last chunk (us per layer; embedding, final norm, LM head: per step):");
+            for (const auto& [op, op_ms] : cuda_runner_stats(*runner).op_ms_last_step)
+              std::printf(" %s %.1f;", op.c_str(),
+                          1e3 * op_ms / (op == "embedding" || op == "final norm" || op == "LM head" ? 1.0 : double(spec.n_layers)));
+            std::printf("\n");
+          }
+        }
       }
       prefill_times.push_back(prefill_ms);
       auto decode_batch = [&](int32_t pos) {

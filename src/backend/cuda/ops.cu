@@ -63,19 +63,24 @@ __device__ __forceinline__ float warp_max_f(float v) {
   return v;
 }
 
-// 1 / sqrt(mean(x^2) + eps) of one row, for a block of kBlock threads; every thread gets it.
+// 1 / sqrt(mean(x^2) + eps) of one row, for a block of kThreads threads; every thread gets it.
+// The strided loads are unrolled so a thread's loads are in flight together (one block per row at
+// batch 1 is a chain of memory latencies otherwise).
+template <int kThreads>
 __device__ float rms_scale(const float* x, int64_t dim, double eps) {
-  __shared__ double warp_part[kWarpsPerBlock];
+  __shared__ double warp_part[kThreads / 32];
   double s = 0;
-  for (int64_t j = threadIdx.x; j < dim; j += kBlock) s = __fma_rn(double(x[j]), double(x[j]), s);
+#pragma unroll 8
+  for (int64_t j = threadIdx.x; j < dim; j += kThreads) s = __fma_rn(double(x[j]), double(x[j]), s);
   s = warp_sum_d(s);
   if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
   __syncthreads();
   double total = warp_part[0];
-  for (int w = 1; w < kWarpsPerBlock; ++w) total = __dadd_rn(total, warp_part[w]);
+  for (int w = 1; w < kThreads / 32; ++w) total = __dadd_rn(total, warp_part[w]);
   __syncthreads();  // warp_part may be reused by the caller's next call
   return float(1.0 / sqrt(total / double(dim) + eps));
 }
+constexpr int kNormBlock = 512;  // threads of the RMSNorm and RoPE kernels
 
 // ---- launches ----------------------------------------------------------------------------------
 // Programmatic dependent launch: every kernel here is launched so that it may start while the
@@ -145,12 +150,14 @@ __global__ void rmsnorm_kernel(RmsNormArgs a) {
   float* x = a.x + i * a.ld_x;
   if (a.residual) {
     const float* res = a.residual + i * a.ld_x;
-    for (int64_t j = threadIdx.x; j < a.dim; j += kBlock) x[j] = __fadd_rn(x[j], res[j]);
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock) x[j] = __fadd_rn(x[j], res[j]);
   }
   __syncthreads();
-  const float scale = rms_scale(x, a.dim, a.eps);
+  const float scale = rms_scale<kNormBlock>(x, a.dim, a.eps);
   float* o = a.out + r * a.ld_out;
-  for (int64_t j = threadIdx.x; j < a.dim; j += kBlock) o[j] = __fmul_rn(a.weight[j], __fmul_rn(x[j], scale));
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock) o[j] = __fmul_rn(a.weight[j], __fmul_rn(x[j], scale));
 }
 
 // ---- RoPE + KV write -----------------------------------------------------------------------------
@@ -185,10 +192,11 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
     if (a.norm_per_head) {
       // A warp per head (q heads, then k heads): lanes' strided squares, then the butterfly.
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      for (int64_t h = warp; h < a.n_heads + a.n_kv_heads; h += kWarpsPerBlock) {
+      for (int64_t h = warp; h < a.n_heads + a.n_kv_heads; h += kNormBlock / 32) {
         float* x = h < a.n_heads ? q + h * D : k + (h - a.n_heads) * D;
         const float* w = h < a.n_heads ? a.q_norm : a.k_norm;
         double s = 0;
+#pragma unroll 8
         for (int64_t j = lane; j < D; j += 32) s = __fma_rn(double(x[j]), double(x[j]), s);
         s = warp_sum_d(s);
         const float scale = float(1.0 / sqrt(s / double(D) + a.norm_eps));
@@ -196,22 +204,28 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
       }
     } else {
       const int64_t qd = a.n_heads * D, kd = a.n_kv_heads * D;
-      const float q_scale = rms_scale(q, qd, a.norm_eps);
-      const float k_scale = rms_scale(k, kd, a.norm_eps);
+      const float q_scale = rms_scale<kNormBlock>(q, qd, a.norm_eps);
+      const float k_scale = rms_scale<kNormBlock>(k, kd, a.norm_eps);
       __syncthreads();  // every thread has read its squares before any is overwritten
       for (int64_t j = threadIdx.x; j < qd; j += blockDim.x) q[j] = __fmul_rn(a.q_norm[j], __fmul_rn(q[j], q_scale));
       for (int64_t j = threadIdx.x; j < kd; j += blockDim.x) k[j] = __fmul_rn(a.k_norm[j], __fmul_rn(k[j], k_scale));
     }
     __syncthreads();
   }
+  // cos and sin once per frequency, shared by the heads.
+  __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    float sv, cv;
+    sincosf(__fmul_rn(pos, a.inv_freq[i]), &sv, &cv);
+    cos_s[i] = __fmul_rn(cv, a.attention_factor);
+    sin_s[i] = __fmul_rn(sv, a.attention_factor);
+  }
+  __syncthreads();
   const int64_t rot_items = (a.n_heads + a.n_kv_heads) * half;
+#pragma unroll 2
   for (int64_t it = threadIdx.x; it < rot_items; it += blockDim.x) {
     const int64_t h = it / half, i = it % half;
-    const float angle = __fmul_rn(pos, a.inv_freq[i]);
-    float s, c;
-    sincosf(angle, &s, &c);
-    c = __fmul_rn(c, a.attention_factor);
-    s = __fmul_rn(s, a.attention_factor);
+    const float c = cos_s[i], s = sin_s[i];
     if (h < a.n_heads) {
       float* v = a.q + t * a.ld_q + h * D;
       const float x0 = clip_value(v[i], a.clip), x1 = clip_value(v[i + half], a.clip);
@@ -249,6 +263,7 @@ __device__ __forceinline__ void dot_q_k(const float (*q)[kMaxHeadDim], const flo
   for (int g = 0; g < G; ++g) dot[g] = 0.0f;
   if (D % 8 == 0) {
     const float4* k4 = reinterpret_cast<const float4*>(k);
+#pragma unroll 4
     for (int64_t c = 0; c < D / 4; ++c) {
       const float4 w = k4[c];
 #pragma unroll
@@ -274,6 +289,7 @@ __device__ __forceinline__ void dot_q_k(const float (*q)[kMaxHeadDim], const __n
   for (int g = 0; g < G; ++g) dot[g] = 0.0f;
   if (D % 8 == 0) {
     const uint4* k8 = reinterpret_cast<const uint4*>(k);
+#pragma unroll 4
     for (int64_t c = 0; c < D / 8; ++c) {
       const uint4 w = k8[c];
       const uint32_t words[4] = {w.x, w.y, w.z, w.w};
@@ -335,8 +351,9 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
   for (int32_t tile = p_begin + warp * 32; tile < p_end; tile += kWarpsPerBlock * 32) {
     const int32_t p = tile + lane;
     float s[G];
+    // Lane j looks up position tile + j's slot once; the V loop below takes it by shuffle.
+    const int64_t slot = p < p_end ? int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
     if (p < p_end) {
-      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
       dot_q_k<G>(q_s, kc + slot * row_elems + kvh * D, D, s);
 #pragma unroll
       for (int g = 0; g < G; ++g) s[g] = __fmul_rn(s[g], scale);
@@ -356,11 +373,10 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
       m[g] = m_new;
     }
     const int32_t count = min(32, p_end - tile);
-#pragma unroll 2
+#pragma unroll 8
     for (int j = 0; j < count; ++j) {
-      const int32_t pp = tile + j;
-      const int64_t slot = int64_t(table[pp / a.block_size]) * a.block_size + pp % a.block_size;
-      const KV* v = vc + slot * row_elems + kvh * D;
+      const long long slot_j = __shfl_sync(0xffffffffu, static_cast<long long>(slot), j);
+      const KV* v = vc + slot_j * row_elems + kvh * D;
       float vd[kMaxPerLane];
 #pragma unroll
       for (int i = 0; i < kMaxPerLane; ++i) {
@@ -526,6 +542,7 @@ __device__ __forceinline__ void block_dot_tokens(const W* w, int64_t cols, const
   float acc[kTokenGroup];
 #pragma unroll
   for (int t = 0; t < kTokenGroup; ++t) acc[t] = 0.0f;
+#pragma unroll 4
   for (int64_t c = threadIdx.x; c < cols; c += kBlock) {
     const float wv = load_w(w, c);
 #pragma unroll
@@ -676,7 +693,7 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
   RmsNormArgs a = args;
   if (a.ld_x == 0) a.ld_x = a.dim;
   if (a.ld_out == 0) a.ld_out = a.dim;
-  launch("launching the RMSNorm kernel", rmsnorm_kernel, dim3(grid_dim(a.n, "rmsnorm")), dim3(kBlock), 0, stream, a);
+  launch("launching the RMSNorm kernel", rmsnorm_kernel, dim3(grid_dim(a.n, "rmsnorm")), dim3(kNormBlock), 0, stream, a);
 }
 
 void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
@@ -686,9 +703,10 @@ void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n_heads <= 0 || a.n_kv_heads <= 0 || (a.q_norm == nullptr) != (a.k_norm == nullptr))
     throw_error("RoPE: bad head counts, or a q norm without a k norm");
   const unsigned grid = grid_dim(a.n, "RoPE");
-  if (a.kv_type == DType::F32) launch("launching the RoPE/KV-write kernel", rope_kv_kernel<float>, dim3(grid), dim3(kBlock), 0, stream, a);
+  if (a.kv_type == DType::F32)
+    launch("launching the RoPE/KV-write kernel", rope_kv_kernel<float>, dim3(grid), dim3(kNormBlock), 0, stream, a);
   else if (a.kv_type == DType::BF16)
-    launch("launching the RoPE/KV-write kernel", rope_kv_kernel<__nv_bfloat16>, dim3(grid), dim3(kBlock), 0, stream, a);
+    launch("launching the RoPE/KV-write kernel", rope_kv_kernel<__nv_bfloat16>, dim3(grid), dim3(kNormBlock), 0, stream, a);
   else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
 }
 
@@ -713,11 +731,13 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   const int32_t parts = std::max(grid_partitions(a.max_positions), a.min_grid_parts);
   if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
-  // Heads per block: the largest of 8, 4, 2, 1 that divides the GQA group (SPILL_CUDA_ATTN_HEADS
-  // caps it, for comparisons: the bits are the same).
+  // Heads per block: the largest of 8, 4, 2, 1 that divides the GQA group, lowered while the grid
+  // has fewer than ~2 blocks per SM (a small batch at a short context would leave the GPU idle);
+  // SPILL_CUDA_ATTN_HEADS caps it, for comparisons: the bits are the same for every choice.
   const int64_t group = a.n_heads / a.n_kv_heads;
   int G = 8;
   while (group % G != 0) G /= 2;
+  while (G > 1 && a.n * (a.n_heads / G) * parts < 264) G /= 2;
   if (const char* cap = std::getenv("SPILL_CUDA_ATTN_HEADS")) G = std::max(1, std::min(G, std::atoi(cap)));
   while (group % G != 0) G /= 2;
   const dim3 grid(grid_dim(a.n * (a.n_heads / G), "attention"), unsigned(parts));
