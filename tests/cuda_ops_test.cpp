@@ -412,7 +412,15 @@ TEST(CudaOps, AttentionOverSeveralPartitionsMatchesTheTwin) {
   const int32_t P = cuda::kMinAttentionPartition, M = cuda::kMaxAttentionPartitions * P;
   ASSERT_EQ(cuda::attention_split(P).parts, 1);
   ASSERT_EQ(cuda::attention_split(P + 1).parts, 2);
-  ASSERT_EQ(cuda::attention_split(M + 1000).parts, cuda::kMaxAttentionPartitions);
+  // Past the cap the partitions lengthen (to a multiple of 32, so their count may fall below the cap);
+  // every split covers its positions with no empty partition.
+  for (int32_t n_pos : {1, 31, P, P + 1, 3 * P + 7, M - 1, M, M + 1000, 4 * M + 3})
+    for (const cuda::AttentionSplit sp : {cuda::attention_split(n_pos)}) {
+      ASSERT_LE(sp.parts, cuda::kMaxAttentionPartitions) << n_pos;
+      ASSERT_EQ(sp.length % 32, 0) << n_pos;
+      ASSERT_LT(int64_t(sp.parts - 1) * sp.length, n_pos) << n_pos;
+      ASSERT_GE(int64_t(sp.parts) * sp.length, n_pos) << n_pos;
+    }
   run_attention_case({4, 1, 128, 16, {{P - 1, 1}, {P, 1}, {2 * P + 37, 1}, {P - 5, 9}, {M + 999, 1}}, DType::F32}, 6);
   run_attention_case({4, 2, 64, 16, {{3 * P + 7, 1}, {M - 1, 2}}, DType::BF16}, 9);
 }
