@@ -1,0 +1,979 @@
+// The CUDA runner (cuda_runner.h): weights and KV in VRAM, one stream, the decoder forward of
+// src/model/decoder.cpp kernel by kernel. Residual adds are fused into the next RMSNorm; q, k and v
+// (and a dense MLP's gate and up) are one matrix when their types agree, so one GEMV serves them.
+#include "backend/cuda/cuda_runner.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/ops.h"
+#include "model/model.h"
+
+namespace spill {
+
+namespace {
+
+using cuda::check;
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
+
+bool is_float_type(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// Device memory that frees itself.
+struct DeviceAlloc {
+  void* ptr = nullptr;
+  DeviceAlloc() = default;
+  DeviceAlloc(const DeviceAlloc&) = delete;
+  DeviceAlloc& operator=(const DeviceAlloc&) = delete;
+  ~DeviceAlloc() {
+    if (ptr) cudaFree(ptr);
+  }
+  void allocate(size_t bytes, const std::string& what) {
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, std::max<size_t>(bytes, 16));
+    if (err != cudaSuccess) {
+      size_t free_b = 0, total_b = 0;
+      cudaGetLastError();
+      cudaMemGetInfo(&free_b, &total_b);
+      cuda::throw_error(fmt::format("CUDA runner: cannot allocate {:.1f} MiB for {} ({:.1f} MiB free of {:.1f} MiB): "
+                                    "{}; use a smaller KV pool, fewer batch tokens, or a smaller quantization",
+                                    bytes / 1048576.0, what, free_b / 1048576.0, total_b / 1048576.0,
+                                    cudaGetErrorString(err)));
+    }
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
+// Pinned host memory that frees itself.
+struct PinnedAlloc {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  PinnedAlloc() = default;
+  PinnedAlloc(const PinnedAlloc&) = delete;
+  PinnedAlloc& operator=(const PinnedAlloc&) = delete;
+  ~PinnedAlloc() {
+    if (ptr) cudaFreeHost(ptr);
+  }
+  void reserve(size_t n) {
+    if (n <= bytes) return;
+    if (ptr) cudaFreeHost(ptr);
+    ptr = nullptr;
+    bytes = 0;
+    check(cudaMallocHost(&ptr, n), "CUDA runner: allocating pinned host memory for the step's metadata");
+    bytes = n;
+  }
+};
+
+// A weight matrix on the device, and how to multiply by it.
+struct DeviceMatrix {
+  const void* data = nullptr;
+  DType type = DType::F32;
+  int64_t rows = 0, cols = 0;
+  cuda::GemvPlan plan;  // block formats
+  void* workspace = nullptr;
+  bool empty() const { return data == nullptr; }
+};
+
+struct DeviceLayer {
+  const float* attn_norm = nullptr;
+  const float* mlp_norm = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  // Either qkv (q, k, v rows stacked; bias qkv_bias) or q, k, v apart.
+  DeviceMatrix qkv, q, k, v, o;
+  const float* qkv_bias = nullptr;  // [q_dim + 2 kv_dim], or null
+  const float* o_bias = nullptr;
+  bool moe = false;
+  // Dense MLP: gate_up (gate rows then up rows) or gate and up apart.
+  DeviceMatrix gate_up, gate, up, down;
+  // Routed experts.
+  DeviceMatrix router;
+  const float* router_bias = nullptr;
+  DType expert_gate_up_type = DType::F32, expert_down_type = DType::F32;
+  cuda::ExpertWeights* expert_table = nullptr;  // device [n_experts]
+  cuda::MoePlan moe_plan;                        // block-format experts
+};
+
+class CudaRunner final : public ModelRunner {
+ public:
+  CudaRunner(const Model& model, const CudaRunnerConfig& config);
+  ~CudaRunner() override {
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  CudaRunnerStats stats() const {
+    return {.weight_bytes = weight_bytes_, .kv_bytes = kv_bytes_, .workspace_bytes = workspace_bytes_,
+            .launches_last_step = launches_, .op_ms_last_step = op_ms_};
+  }
+  const ModelSpec& spec() const override { return spec_; }
+  const KvCacheConfig& kv_config() const override { return config_.kv; }
+  void forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) override;
+
+  // Points layer `layer`'s expert table at the given matrices (device-visible addresses: VRAM or
+  // mapped pinned host memory), one entry per expert. The one place expert addresses enter the
+  // kernels: offloading swaps entries here between steps.
+  void build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts);
+
+ private:
+  struct Uploader;
+  void upload_weights(const Model& model);
+  void allocate_workspace();
+  void check_batch(const ForwardBatch& batch) const;
+  // One step's shape; its metadata is at meta_'s offsets in meta_dev_.
+  struct Step {
+    int64_t n = 0, rows = 0;
+    int32_t max_positions = 1;
+    int32_t grid_parts = 0;  // attention partitions in the grid (0: what max_positions needs)
+  };
+  // Enqueues the step from the embedding to the logits in logits_dev_ (copied into *logits pass by
+  // pass when given: more rows than one pass holds).
+  void enqueue_step(const Step& step, ForwardObserver* observer, std::vector<float>* logits = nullptr);
+  void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias);
+  void experts(const DeviceLayer& layer, const float* x, int64_t n, float* out);
+  void observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows, int64_t cols);
+  // With config.profile_ops: an event after each op; the time since the previous mark is the op's.
+  void mark(const char* op);
+  void collect_profile();
+
+  const Model& model_;
+  ModelSpec spec_;
+  CudaRunnerConfig config_;
+  cudaStream_t stream_ = nullptr;
+  int64_t max_model_len_ = 0;
+
+  // Weights.
+  DeviceAlloc weights_;
+  int64_t weight_bytes_ = 0, kv_bytes_ = 0, workspace_bytes_ = 0;
+  int64_t launches_ = 0;  // in the current (or last) step
+  std::vector<DeviceLayer> layers_;
+  DeviceMatrix embed_, lm_head_;
+  bool embed_on_device_ = false;
+  const float* final_norm_ = nullptr;
+  const float* inv_freq_ = nullptr;
+  float attention_factor_ = 1.0f;
+  std::map<std::tuple<int, int64_t, int64_t>, void*> gemv_workspaces_;  // by (type, rows, cols)
+  DeviceAlloc gemv_workspace_mem_;
+  int64_t gemv_total_bytes_ = 0;
+  bool moe_blocks_ = false;
+  int64_t moe_workspace_bytes_ = 0;
+
+  // KV pool: K then V, per layer [n_blocks][block_size][n_kv_heads][head_dim].
+  DeviceAlloc kv_;
+  int64_t kv_layer_elems_ = 0;
+
+  // Activations and scratch, sized for config_.max_batch_tokens.
+  DeviceAlloc act_mem_;
+  float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *proj_ = nullptr, *mlp_out_ = nullptr;
+  float *router_logits_ = nullptr, *route_weights_ = nullptr, *gate_up_ = nullptr, *mlp_act_ = nullptr;
+  float *final_rows_ = nullptr, *logits_dev_ = nullptr, *attn_workspace_ = nullptr, *scratch_ = nullptr;
+  int32_t* route_ids_ = nullptr;
+  void* moe_workspace_ = nullptr;
+  int64_t logit_rows_per_pass_ = 0;
+  int64_t attn_tokens_per_call_ = 0;
+
+  // Step metadata, host (pinned) and device, at fixed offsets sized by the config's limits.
+  struct MetaLayout {
+    size_t tokens = 0, positions = 0, table_offsets = 0, slots = 0, rows = 0, tables = 0, embed = 0, bytes = 0;
+    int64_t table_capacity = 0;
+  } meta_;
+  PinnedAlloc meta_host_;
+  DeviceAlloc meta_dev_;
+  // Captured decode steps by (batch size, attention partitions).
+  struct GraphExec {
+    cudaGraphExec_t exec = nullptr;
+    int64_t launches = 0;
+  };
+  std::map<std::pair<int64_t, int32_t>, GraphExec> graphs_;
+  // Op profile (config.profile_ops): events of this step, in order, and the last step's times.
+  std::vector<cudaEvent_t> events_;
+  std::vector<const char*> event_ops_;
+  std::vector<std::pair<std::string, double>> op_ms_;
+};
+
+// Two passes over the weights with the same code: the first counts bytes, the second (after one
+// allocation) places and copies them.
+struct CudaRunner::Uploader {
+  uint8_t* base = nullptr;  // null in the counting pass
+  size_t used = 0;
+  // Copies go through two pinned staging buffers, so the host copy of one overlaps the transfer
+  // of the other (pageable memory would cross PCIe at a fraction of the speed).
+  static constexpr size_t kStage = size_t(32) << 20;
+  cudaStream_t stream = nullptr;
+  PinnedAlloc stage[2];
+  cudaEvent_t done[2] = {nullptr, nullptr};
+  int turn = 0;
+  ~Uploader() {
+    for (cudaEvent_t e : done)
+      if (e) cudaEventDestroy(e);
+  }
+  void start(uint8_t* device_base, cudaStream_t s) {
+    base = device_base;
+    stream = s;
+    for (int i = 0; i < 2; ++i) {
+      stage[i].reserve(kStage);
+      check(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming), "CUDA runner: creating an event");
+    }
+  }
+  void finish() {
+    if (base) check(cudaStreamSynchronize(stream), "CUDA runner: uploading weights");
+  }
+  uint8_t* take(size_t bytes) {
+    uint8_t* p = base ? base + used : nullptr;
+    used += align_up(bytes);
+    return p;
+  }
+  void copy(void* dst, const void* src, size_t bytes) {
+    if (!base) return;
+    for (size_t at = 0; at < bytes; at += kStage) {
+      const size_t len = std::min(kStage, bytes - at);
+      check(cudaEventSynchronize(done[turn]), "CUDA runner: uploading weights");
+      std::memcpy(stage[turn].ptr, static_cast<const uint8_t*>(src) + at, len);
+      check(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + at, stage[turn].ptr, len, cudaMemcpyHostToDevice, stream),
+            "CUDA runner: uploading weights");
+      check(cudaEventRecord(done[turn], stream), "CUDA runner: uploading weights");
+      turn ^= 1;
+    }
+  }
+  // A vector (norm weight, bias) as f32, exactly as cpu::load_row reads it.
+  const float* vec(const TensorView& t, int64_t expected, const char* what, int64_t layer) {
+    if (t.empty()) return nullptr;
+    if (t.numel() != expected)
+      cuda::throw_error(fmt::format("CUDA runner: layer {} {} has {} values, expected {}", layer, what, t.numel(), expected));
+    uint8_t* p = take(size_t(expected) * 4);
+    if (base) {
+      std::vector<float> v(static_cast<size_t>(expected));
+      TensorView row = t;
+      row.ndim = 2;
+      row.shape = {1, expected, 0, 0};
+      cpu::load_row(row, 0, v.data());
+      copy(p, v.data(), v.size() * 4);
+    }
+    return reinterpret_cast<const float*>(p);
+  }
+  // Matrices stacked by rows (same type and columns): one device matrix.
+  DeviceMatrix matrix(std::initializer_list<const TensorView*> parts, const std::string& what) {
+    DeviceMatrix m;
+    const TensorView& first = **parts.begin();
+    m.type = first.dtype;
+    m.cols = first.cols();
+    size_t bytes = 0;
+    for (const TensorView* t : parts) {
+      if (t->dtype != m.type || t->cols() != m.cols)
+        cuda::throw_error("CUDA runner: " + what + ": stacked parts differ in type or width");
+      m.rows += t->rows();
+      bytes += t->nbytes();
+    }
+    uint8_t* p = take(bytes);
+    size_t at = 0;
+    for (const TensorView* t : parts) {
+      copy(p + at, t->data, t->nbytes());
+      at += t->nbytes();
+    }
+    m.data = p ? p : reinterpret_cast<const void*>(uintptr_t(1));  // non-null marks "present" when counting
+    return m;
+  }
+};
+
+CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
+    : model_(model), spec_(model.spec()), config_(config) {
+  const KvCacheConfig& kv = config.kv;
+  if (kv.block_size <= 0) fail("KV block size must be positive, got {}", kv.block_size);
+  if (kv.n_blocks < 0) fail("the KV cache needs at least one block, got {}", kv.n_blocks);
+  if (config.max_batch_tokens <= 0 || config.max_seqs <= 0)
+    fail("CUDA runner: max_batch_tokens ({}) and max_seqs ({}) must be positive", config.max_batch_tokens,
+         config.max_seqs);
+  if (config.kv_dtype != DType::BF16 && config.kv_dtype != DType::F32)
+    fail("CUDA runner: KV cache type {} is not supported; use bf16 or f32", dtype_name(config.kv_dtype));
+  if (spec_.head_dim > cuda::kMaxHeadDim || spec_.head_dim % 2 != 0)
+    fail("CUDA runner: head_dim {} is not supported (even, at most {})", spec_.head_dim, cuda::kMaxHeadDim);
+  if (spec_.n_kv_heads <= 0 || spec_.n_heads % spec_.n_kv_heads != 0)
+    fail("CUDA runner: {} query heads do not group over {} KV heads", spec_.n_heads, spec_.n_kv_heads);
+  // The longest sequence: as configured, else what the pool holds (when its size is given), capped
+  // by the model's positions.
+  max_model_len_ = config.max_model_len > 0 ? config.max_model_len
+                   : kv.n_blocks > 0        ? kv.n_blocks * int64_t(kv.block_size)
+                                            : spec_.max_position_embeddings;
+  if (spec_.max_position_embeddings > 0 && config.max_model_len <= 0)
+    max_model_len_ = std::min<int64_t>(max_model_len_, spec_.max_position_embeddings);
+  if (max_model_len_ <= 0 || max_model_len_ > INT32_MAX)
+    fail("CUDA runner: the longest sequence ({} positions) must be positive and fit 32 bits; set max_model_len",
+         max_model_len_);
+
+  int n_devices = 0;
+  check(cudaGetDeviceCount(&n_devices), "CUDA runner: counting devices");
+  if (config.device < 0 || config.device >= n_devices)
+    fail("CUDA runner: device {} does not exist ({} CUDA devices)", config.device, n_devices);
+  check(cudaSetDevice(config.device), "CUDA runner: selecting the device");
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "CUDA runner: creating a stream");
+
+  upload_weights(model);
+  allocate_workspace();
+
+  // The KV pool: as many blocks as asked, or what the budget (or, with none, the free memory less a
+  // reserve) holds.
+  const int64_t block_bytes = cuda_kv_bytes_per_block(spec_, kv.block_size, config.kv_dtype);
+  if (kv.n_blocks == 0) {
+    int64_t budget = config.kv_budget_bytes;
+    if (budget <= 0) {
+      size_t free_b = 0, total_b = 0;
+      check(cudaMemGetInfo(&free_b, &total_b), "CUDA runner: reading free device memory");
+      budget = int64_t(free_b) - std::max<int64_t>(int64_t(1) << 30, int64_t(total_b / 20));
+    }
+    config_.kv.n_blocks = std::max<int64_t>(0, budget / block_bytes);
+    if (config_.kv.n_blocks == 0)
+      fail("CUDA runner: no room for a single KV block ({:.1f} MiB) in a budget of {:.1f} MiB; free memory or "
+           "lower the batch limits",
+           block_bytes / 1048576.0, budget / 1048576.0);
+  }
+  const int64_t capacity = config_.kv.n_blocks * int64_t(kv.block_size);
+  if (capacity > int64_t(INT32_MAX) * 16) fail("CUDA runner: a KV pool of {} slots is too large", capacity);
+  kv_layer_elems_ = capacity * spec_.kv_dim();
+  kv_bytes_ = config_.kv.n_blocks * block_bytes;
+  kv_.allocate(size_t(kv_bytes_), "the KV cache");
+  check(cudaStreamSynchronize(stream_), "CUDA runner: preparing the workspace");
+}
+
+void CudaRunner::upload_weights(const Model& model) {
+  const int64_t H = spec_.hidden_size, Q = spec_.q_dim(), KV = spec_.kv_dim(), L = spec_.n_layers;
+  std::vector<std::vector<cuda::ExpertWeights>> all_experts(static_cast<size_t>(L));
+
+  auto pass = [&](Uploader& up) {
+    layers_.assign(size_t(L), DeviceLayer{});
+    embed_on_device_ = cuda::embed_rows_supported(model.embed.dtype);
+    const bool tied = model.lm_head.data == model.embed.data;
+    if (embed_on_device_ || tied) embed_ = up.matrix({&model.embed}, "embedding");
+    lm_head_ = tied ? embed_ : up.matrix({&model.lm_head}, "LM head");
+    final_norm_ = up.vec(model.final_norm, H, "final norm", -1);
+    {
+      const cpu::RopeTable rope = cpu::make_rope_table(spec_.rope, spec_.head_dim);
+      TensorView t;
+      t.data = rope.inv_freq.data();
+      t.dtype = DType::F32;
+      t.ndim = 1;
+      t.shape = {int64_t(rope.inv_freq.size()), 0, 0, 0};
+      inv_freq_ = up.vec(t, int64_t(rope.inv_freq.size()), "rope frequencies", -1);
+      attention_factor_ = rope.attention_factor;
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerWeights& w = model.layers[size_t(l)];
+      DeviceLayer& d = layers_[size_t(l)];
+      const std::string at = fmt::format("layer {}", l);
+      d.attn_norm = up.vec(w.attn_norm, H, "attention norm", l);
+      d.mlp_norm = up.vec(w.mlp_norm, H, "MLP norm", l);
+      if (spec_.qk_norm == QkNorm::PerHead) {
+        d.q_norm = up.vec(w.q_norm, spec_.head_dim, "q norm", l);
+        d.k_norm = up.vec(w.k_norm, spec_.head_dim, "k norm", l);
+      } else if (spec_.qk_norm == QkNorm::WholeProjection) {
+        d.q_norm = up.vec(w.q_norm, Q, "q norm", l);
+        d.k_norm = up.vec(w.k_norm, KV, "k norm", l);
+      }
+      const bool stack_qkv = w.q.dtype == w.k.dtype && w.k.dtype == w.v.dtype;
+      if (stack_qkv) {
+        d.qkv = up.matrix({&w.q, &w.k, &w.v}, at + " q/k/v");
+        if (!w.q_bias.empty() || !w.k_bias.empty() || !w.v_bias.empty()) {
+          // One f32 bias over the stacked rows (zeros where a part has none).
+          uint8_t* p = up.take(size_t(Q + 2 * KV) * 4);
+          if (up.base) {
+            std::vector<float> b(size_t(Q + 2 * KV), 0.0f);
+            auto fill = [&](const TensorView& t, int64_t off, int64_t count) {
+              if (t.empty()) return;
+              TensorView row = t;
+              row.ndim = 2;
+              row.shape = {1, count, 0, 0};
+              cpu::load_row(row, 0, b.data() + off);
+            };
+            fill(w.q_bias, 0, Q);
+            fill(w.k_bias, Q, KV);
+            fill(w.v_bias, Q + KV, KV);
+            up.copy(p, b.data(), b.size() * 4);
+          }
+          d.qkv_bias = reinterpret_cast<const float*>(p);
+        }
+      } else {
+        if (!w.q_bias.empty() || !w.k_bias.empty() || !w.v_bias.empty())
+          fail("CUDA runner: layer {}: attention biases need q, k and v of one type ({}, {}, {}); quantize them alike", l,
+               dtype_name(w.q.dtype), dtype_name(w.k.dtype), dtype_name(w.v.dtype));
+        d.q = up.matrix({&w.q}, at + " q");
+        d.k = up.matrix({&w.k}, at + " k");
+        d.v = up.matrix({&w.v}, at + " v");
+      }
+      d.o = up.matrix({&w.o}, at + " o");
+      d.o_bias = up.vec(w.o_bias, H, "o bias", l);
+      d.moe = spec_.layer_is_moe[size_t(l)];
+      if (!d.moe) {
+        if (w.dense.gate.dtype == w.dense.up.dtype) {
+          d.gate_up = up.matrix({&w.dense.gate, &w.dense.up}, at + " gate/up");
+        } else {
+          d.gate = up.matrix({&w.dense.gate}, at + " gate");
+          d.up = up.matrix({&w.dense.up}, at + " up");
+        }
+        d.down = up.matrix({&w.dense.down}, at + " down");
+        continue;
+      }
+      d.router = up.matrix({&w.router}, at + " router");
+      d.router_bias = up.vec(w.router_bias, spec_.n_experts, "router bias", l);
+      if (int64_t(w.experts.size()) != spec_.n_experts)
+        fail("CUDA runner: layer {} has {} experts, the spec says {}", l, w.experts.size(), spec_.n_experts);
+      d.expert_gate_up_type = w.experts[0].gate.dtype;
+      d.expert_down_type = w.experts[0].down.dtype;
+      std::vector<cuda::ExpertWeights>& where = all_experts[size_t(l)];
+      where.clear();
+      for (const ExpertWeights& e : w.experts) {
+        if (e.gate.dtype != d.expert_gate_up_type || e.up.dtype != d.expert_gate_up_type ||
+            e.down.dtype != d.expert_down_type)
+          fail("CUDA runner: layer {}'s experts mix weight types ({} gate, {} up, {} down; the first expert has {} "
+               "and {}); quantize all experts of a layer alike",
+               l, dtype_name(e.gate.dtype), dtype_name(e.up.dtype), dtype_name(e.down.dtype),
+               dtype_name(d.expert_gate_up_type), dtype_name(d.expert_down_type));
+        // One span per expert: gate, up, down, each 16-byte aligned (moe.h's expert_span_layout).
+        const size_t g = align_up(e.gate.nbytes(), 16), u = align_up(e.up.nbytes(), 16);
+        uint8_t* span = up.take(g + u + e.down.nbytes());
+        up.copy(span, e.gate.data, e.gate.nbytes());
+        up.copy(span + g, e.up.data, e.up.nbytes());
+        up.copy(span + g + u, e.down.data, e.down.nbytes());
+        if (up.base) where.push_back({span, span + g, span + g + u});
+      }
+      d.expert_table = reinterpret_cast<cuda::ExpertWeights*>(up.take(size_t(spec_.n_experts) * sizeof(cuda::ExpertWeights)));
+    }
+  };
+
+  Uploader counter;
+  pass(counter);
+  weights_.allocate(counter.used, "the weights");
+  weight_bytes_ = int64_t(counter.used);
+  Uploader placer;
+  placer.start(weights_.as<uint8_t>(), stream_);
+  pass(placer);
+  placer.finish();
+  for (int64_t l = 0; l < L; ++l)
+    if (layers_[size_t(l)].moe) build_expert_tables(l, all_experts[size_t(l)]);
+
+  // Plans and workspaces of the block-format matrices, one workspace per distinct shape.
+  std::vector<DeviceMatrix*> matrices{&lm_head_};
+  if (embed_on_device_) matrices.push_back(&embed_);
+  for (DeviceLayer& d : layers_)
+    for (DeviceMatrix* m : {&d.qkv, &d.q, &d.k, &d.v, &d.o, &d.gate_up, &d.gate, &d.up, &d.down, &d.router})
+      if (!m->empty()) matrices.push_back(m);
+  const int64_t gemv_max_n = std::min<int64_t>(config_.max_batch_tokens, 64);
+  std::map<std::tuple<int, int64_t, int64_t>, int64_t> ws_offsets;
+  int64_t ws_total = 0;
+  for (DeviceMatrix* m : matrices) {
+    if (is_float_type(m->type)) {
+      if (!cuda::matmul_float_supported(m->type)) fail("CUDA runner: no matmul for {}", dtype_name(m->type));
+      continue;
+    }
+    try {
+      m->plan = cuda::plan_gemv(m->type, m->rows, m->cols, gemv_max_n);
+    } catch (const Error& e) {
+      fail("CUDA runner: a {} x {} {} weight: {}; requantize it (--quant) to a type the GPU decodes", m->rows, m->cols,
+           dtype_name(m->type), e.what());
+    }
+    const auto key = std::make_tuple(int(m->type), m->rows, m->cols);
+    if (m->plan.workspace_bytes > 0 && !ws_offsets.count(key)) {
+      ws_offsets[key] = ws_total;
+      ws_total += int64_t(align_up(size_t(m->plan.workspace_bytes)));
+    }
+  }
+  if (ws_total > 0) gemv_workspace_mem_.allocate(size_t(ws_total), "the GEMV workspaces");
+  gemv_total_bytes_ = ws_total;
+  for (DeviceMatrix* m : matrices) {
+    if (is_float_type(m->type) || m->plan.workspace_bytes == 0) continue;
+    const auto key = std::make_tuple(int(m->type), m->rows, m->cols);
+    const bool first = !gemv_workspaces_.count(key);
+    m->workspace = gemv_workspace_mem_.as<uint8_t>() + ws_offsets[key];
+    if (first) {
+      gemv_workspaces_[key] = m->workspace;
+      cuda::init_gemv_workspace(m->plan, m->workspace, stream_);
+    }
+  }
+
+  // The routed experts: one kernel family for a model's MoE layers.
+  bool any_moe = false;
+  for (DeviceLayer& d : layers_) {
+    if (!d.moe) continue;
+    const bool blocks = !is_float_type(d.expert_gate_up_type);
+    if (any_moe && blocks != moe_blocks_)
+      fail("CUDA runner: MoE layers mix float and block-format experts; quantize all experts alike");
+    if (!blocks && d.expert_gate_up_type != d.expert_down_type)
+      fail("CUDA runner: float experts need one type for gate/up and down ({} and {})", dtype_name(d.expert_gate_up_type),
+           dtype_name(d.expert_down_type));
+    if (blocks && is_float_type(d.expert_down_type))
+      fail("CUDA runner: experts with block-format gate/up need a block-format down ({})", dtype_name(d.expert_down_type));
+    if (blocks) {
+      const cuda::MoeShape shape{.hidden = H, .width = spec_.moe_intermediate_size, .n_experts = int32_t(spec_.n_experts),
+                                 .top_k = int32_t(spec_.n_experts_per_token), .gate_up_type = d.expert_gate_up_type,
+                                 .down_type = d.expert_down_type};
+      // Layers may differ in expert types (a mix gives some layers' down a wider type); the
+      // workspace layout depends on the shape and token count only, so one workspace serves all.
+      const int64_t max_tokens = std::min<int64_t>(config_.max_batch_tokens, std::max<int64_t>(1, 8192 / shape.top_k));
+      try {
+        d.moe_plan = cuda::plan_moe(shape, std::min<int64_t>(max_tokens, 256));
+      } catch (const Error& e) {
+        fail("CUDA runner: the routed experts: {}; requantize them (--quant experts=...)", e.what());
+      }
+      moe_workspace_bytes_ = std::max(moe_workspace_bytes_, d.moe_plan.workspace_bytes);
+    }
+    moe_blocks_ = blocks;
+    any_moe = true;
+  }
+}
+
+void CudaRunner::build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts) {
+  if (layer < 0 || layer >= spec_.n_layers || !layers_[size_t(layer)].moe)
+    fail("CUDA runner: layer {} has no routed experts", layer);
+  if (int64_t(experts.size()) != spec_.n_experts)
+    fail("CUDA runner: an expert table of {} entries for {} experts", experts.size(), spec_.n_experts);
+  for (const cuda::ExpertWeights& e : experts)
+    if (((reinterpret_cast<uintptr_t>(e.gate) | reinterpret_cast<uintptr_t>(e.up) | reinterpret_cast<uintptr_t>(e.down)) & 15) != 0)
+      fail("CUDA runner: expert matrices must be 16-byte aligned");
+  // Ordered on the stream: steps enqueued before see the old table, steps after the new one.
+  check(cudaMemcpyAsync(layers_[size_t(layer)].expert_table, experts.data(), experts.size() * sizeof(cuda::ExpertWeights),
+                        cudaMemcpyHostToDevice, stream_),
+        "CUDA runner: writing an expert table");
+  check(cudaStreamSynchronize(stream_), "CUDA runner: writing an expert table");
+}
+
+void CudaRunner::allocate_workspace() {
+  const int64_t N = config_.max_batch_tokens, H = spec_.hidden_size, Q = spec_.q_dim(), KV = spec_.kv_dim();
+  const int64_t E = std::max<int64_t>(spec_.n_experts, 1), K = std::max<int64_t>(spec_.n_experts_per_token, 1);
+  const int64_t I = std::max<int64_t>(spec_.intermediate_size, 1);
+  logit_rows_per_pass_ = std::min<int64_t>(N, std::max<int64_t>(config_.max_seqs, 1));
+  // Split-attention partials per token: the graph buckets round the partitions up to a power of two.
+  int64_t parts_cap = 1;
+  while (parts_cap < cuda::attention_split(int32_t(std::min<int64_t>(max_model_len_, INT32_MAX))).parts) parts_cap *= 2;
+  const int64_t per_token_attn = parts_cap > 1 ? spec_.n_heads * parts_cap * (spec_.head_dim + 2) : 0;
+  const int64_t attn_budget_floats = int64_t(64) << 20;  // 256 MiB of split-attention partials at most
+  attn_tokens_per_call_ = per_token_attn == 0 ? N : std::clamp<int64_t>(attn_budget_floats / per_token_attn, 1, N);
+  int64_t moe_ws = 0;
+  if (moe_blocks_) moe_ws = moe_workspace_bytes_;
+  else if (spec_.n_experts > 0) moe_ws = cuda::moe_float_workspace_bytes(N, int32_t(K), H, spec_.moe_intermediate_size);
+
+  struct Piece {
+    void** out;
+    int64_t bytes;
+  };
+  std::vector<Piece> pieces = {
+      {reinterpret_cast<void**>(&x_), N * H * 4},
+      {reinterpret_cast<void**>(&h_), N * H * 4},
+      {reinterpret_cast<void**>(&qkv_), N * (Q + 2 * KV) * 4},
+      {reinterpret_cast<void**>(&attn_), N * Q * 4},
+      {reinterpret_cast<void**>(&proj_), N * H * 4},
+      {reinterpret_cast<void**>(&mlp_out_), N * H * 4},
+      {reinterpret_cast<void**>(&router_logits_), N * E * 4},
+      {reinterpret_cast<void**>(&route_weights_), N * K * 4},
+      {reinterpret_cast<void**>(&route_ids_), N * K * 4},
+      {reinterpret_cast<void**>(&gate_up_), N * 2 * I * 4},
+      {reinterpret_cast<void**>(&mlp_act_), N * I * 4},
+      {reinterpret_cast<void**>(&final_rows_), logit_rows_per_pass_ * H * 4},
+      {reinterpret_cast<void**>(&logits_dev_), logit_rows_per_pass_ * spec_.vocab_size * 4},
+      {reinterpret_cast<void**>(&attn_workspace_), std::max<int64_t>(per_token_attn * attn_tokens_per_call_, 1) * 4},
+      {reinterpret_cast<void**>(&scratch_), N * H * 4},
+      {&moe_workspace_, std::max<int64_t>(moe_ws, 16)},
+  };
+  int64_t total = 0;
+  for (const Piece& p : pieces) total += int64_t(align_up(size_t(p.bytes)));
+  act_mem_.allocate(size_t(total), "the activations");
+  workspace_bytes_ = total + int64_t(gemv_workspace_mem_.ptr ? gemv_total_bytes_ : 0);
+  int64_t at = 0;
+  for (const Piece& p : pieces) {
+    *p.out = act_mem_.as<uint8_t>() + at;
+    at += int64_t(align_up(size_t(p.bytes)));
+  }
+  // Metadata: every per-token array for max_batch_tokens, block tables for max_seqs sequences of
+  // max_model_len positions, and (host-gathered embeddings) the rows.
+  const int64_t blocks_per_seq = (max_model_len_ + config_.kv.block_size - 1) / config_.kv.block_size;
+  meta_.table_capacity = int64_t(config_.max_seqs) * blocks_per_seq;
+  meta_.tokens = 0;
+  meta_.positions = align_up(size_t(N) * 4);
+  meta_.table_offsets = meta_.positions + align_up(size_t(N) * 4);
+  meta_.slots = meta_.table_offsets + align_up(size_t(N) * 4);
+  meta_.rows = meta_.slots + align_up(size_t(N) * 8);
+  meta_.tables = meta_.rows + align_up(size_t(N) * 4);
+  meta_.embed = meta_.tables + align_up(size_t(meta_.table_capacity) * 4);
+  meta_.bytes = meta_.embed + (embed_on_device_ ? 0 : size_t(N * H) * 4);
+  meta_host_.reserve(meta_.bytes);
+  meta_dev_.allocate(meta_.bytes, "the step's metadata");
+  workspace_bytes_ += int64_t(meta_.bytes);
+
+  if (moe_blocks_)
+    for (const DeviceLayer& d : layers_)
+      if (d.moe) cuda::init_moe_workspace(d.moe_plan, moe_workspace_, stream_);
+}
+
+void CudaRunner::check_batch(const ForwardBatch& batch) const {
+  const KvCacheConfig& kv = config_.kv;
+  int64_t expected_first = 0;
+  for (const SeqChunk& c : batch.seqs) {
+    if (c.first_token != expected_first || c.n_tokens <= 0 || c.start_pos < 0)
+      fail("forward: chunks must cover the batch's tokens in order, each with at least one token");
+    expected_first += c.n_tokens;
+    if (int64_t(c.start_pos) + c.n_tokens > max_model_len_)
+      fail("forward: a chunk reaches position {}, beyond the CUDA runner's limit of {}", c.start_pos + c.n_tokens,
+           max_model_len_);
+    const int64_t needed_blocks = (int64_t(c.start_pos) + c.n_tokens + kv.block_size - 1) / kv.block_size;
+    if (int64_t(c.block_table.size()) < needed_blocks)
+      fail("forward: a block table of {} blocks cannot hold {} positions", c.block_table.size(), c.start_pos + c.n_tokens);
+    for (int64_t b = 0; b < needed_blocks; ++b)
+      if (c.block_table[size_t(b)] < 0 || c.block_table[size_t(b)] >= kv.n_blocks)
+        fail("forward: block id {} is outside the KV pool of {} blocks", c.block_table[size_t(b)], kv.n_blocks);
+  }
+  if (expected_first != batch.n_tokens()) fail("forward: chunks cover {} tokens of {}", expected_first, batch.n_tokens());
+  if (batch.n_tokens() > config_.max_batch_tokens)
+    fail("forward: {} tokens in one step; the CUDA runner was built for at most {}", batch.n_tokens(),
+         config_.max_batch_tokens);
+  if (int64_t(batch.seqs.size()) > config_.max_seqs)
+    fail("forward: {} chunks in one step; the CUDA runner was built for at most {}", batch.seqs.size(), config_.max_seqs);
+  for (int32_t t : batch.tokens)
+    if (t < 0 || t >= spec_.vocab_size) fail("forward: token id {} is outside the vocabulary (size {})", t, spec_.vocab_size);
+}
+
+void CudaRunner::linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias) {
+  if (is_float_type(w.type)) {
+    cuda::matmul_float(w.data, w.type, w.rows, w.cols, x, n, bias, y, stream_);
+    ++launches_;
+    return;
+  }
+  for (int64_t t0 = 0; t0 < n; t0 += w.plan.max_n) {
+    const int64_t nt = std::min<int64_t>(w.plan.max_n, n - t0);
+    cuda::GemvArgs a;
+    a.weights = w.data;
+    a.x = x + t0 * w.cols;
+    a.n = nt;
+    a.y = y + t0 * w.rows;
+    a.workspace = w.workspace;
+    cuda::gemv(w.plan, a, stream_);
+    ++launches_;
+  }
+  if (bias) {
+    cuda::add_bias(y, bias, n, w.rows, stream_);
+    ++launches_;
+  }
+}
+
+void CudaRunner::experts(const DeviceLayer& d, const float* x, int64_t n, float* out) {
+  const int64_t H = spec_.hidden_size, K = spec_.n_experts_per_token;
+  if (moe_blocks_) {
+    for (int64_t t0 = 0; t0 < n; t0 += d.moe_plan.max_tokens) {
+      const int64_t nt = std::min<int64_t>(d.moe_plan.max_tokens, n - t0);
+      cuda::MoeArgs a;
+      a.table = d.expert_table;
+      a.x = x + t0 * H;
+      a.n = nt;
+      a.ids = route_ids_ + t0 * K;
+      a.weights = route_weights_ + t0 * K;
+      a.out = out + t0 * H;
+      a.workspace = moe_workspace_;
+      cuda::moe_experts(d.moe_plan, a, stream_);
+      launches_ += cuda::kMoeLaunchesPerCall;
+    }
+    return;
+  }
+  cuda::MoeFloatArgs a;
+  a.table = d.expert_table;
+  a.type = d.expert_gate_up_type;
+  a.hidden = H;
+  a.width = spec_.moe_intermediate_size;
+  a.n_experts = int32_t(spec_.n_experts);
+  a.top_k = int32_t(K);
+  a.x = x;
+  a.n = n;
+  a.ids = route_ids_;
+  a.weights = route_weights_;
+  a.out = out;
+  a.workspace = moe_workspace_;
+  cuda::moe_experts_float(a, stream_);
+  launches_ += 3;
+}
+
+void CudaRunner::observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows,
+                         int64_t cols) {
+  std::vector<float> host(size_t(rows * cols));
+  check(cudaMemcpyAsync(host.data(), data, host.size() * 4, cudaMemcpyDeviceToHost, stream_), "CUDA runner: observing");
+  check(cudaStreamSynchronize(stream_), "CUDA runner: observing");
+  observer->on_tensor(name, layer, host.data(), rows, cols);
+}
+
+void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
+  check_batch(batch);
+  check(cudaSetDevice(config_.device), "CUDA runner: selecting the device");
+  const int64_t n = batch.n_tokens(), H = spec_.hidden_size, V = spec_.vocab_size;
+  const int32_t bs = config_.kv.block_size;
+
+  // ---- the step's metadata, laid out at fixed offsets (graphs read them there), one transfer ----
+  Step st;
+  st.n = n;
+  int64_t table_len = 0;
+  bool decode_only = !batch.all_logits && observer == nullptr;
+  uint8_t* mh = static_cast<uint8_t*>(meta_host_.ptr);
+  auto* tokens_h = reinterpret_cast<int32_t*>(mh + meta_.tokens);
+  auto* pos_h = reinterpret_cast<int32_t*>(mh + meta_.positions);
+  auto* table_off_h = reinterpret_cast<int32_t*>(mh + meta_.table_offsets);
+  auto* slots_h = reinterpret_cast<int64_t*>(mh + meta_.slots);
+  auto* rows_h = reinterpret_cast<int32_t*>(mh + meta_.rows);
+  auto* tables_h = reinterpret_cast<int32_t*>(mh + meta_.tables);
+  std::copy(batch.tokens.begin(), batch.tokens.end(), tokens_h);
+  for (const SeqChunk& c : batch.seqs) {
+    const int32_t blocks = (c.start_pos + c.n_tokens + bs - 1) / bs;
+    if (table_len + blocks > meta_.table_capacity) [[unlikely]]
+      fail("forward: the step's block tables ({} entries) exceed the CUDA runner's capacity ({})", table_len + blocks,
+           meta_.table_capacity);
+    std::copy_n(c.block_table.begin(), blocks, tables_h + table_len);
+    for (int32_t i = 0; i < c.n_tokens; ++i) {
+      const int32_t t = c.first_token + i, p = c.start_pos + i;
+      pos_h[t] = p;
+      table_off_h[t] = int32_t(table_len);
+      slots_h[t] = int64_t(c.block_table[size_t(p / bs)]) * bs + p % bs;
+    }
+    table_len += blocks;
+    st.max_positions = std::max(st.max_positions, c.start_pos + c.n_tokens);
+    decode_only = decode_only && c.n_tokens == 1 && c.want_logits;
+    if (batch.all_logits) {
+      for (int32_t i = 0; i < c.n_tokens; ++i) rows_h[st.rows++] = c.first_token + i;
+    } else if (c.want_logits) {
+      rows_h[st.rows++] = c.first_token + c.n_tokens - 1;
+    }
+  }
+  uint8_t* md = meta_dev_.as<uint8_t>();
+  check(cudaMemcpyAsync(md, mh, meta_.tables + size_t(table_len) * 4, cudaMemcpyHostToDevice, stream_),
+        "CUDA runner: copying the step's metadata");
+  if (!embed_on_device_) {
+    float* rows = reinterpret_cast<float*>(mh + meta_.embed);
+    for (int64_t t = 0; t < n; ++t) cpu::load_row(model_.embed, batch.tokens[size_t(t)], rows + t * H);
+    check(cudaMemcpyAsync(md + meta_.embed, rows, size_t(n * H) * 4, cudaMemcpyHostToDevice, stream_),
+          "CUDA runner: copying the embedding rows");
+  }
+  launches_ = embed_on_device_ ? 1 : 2;
+
+  logits.resize(size_t(st.rows * V));
+  event_ops_.clear();
+  if (decode_only && n > 0 && config_.cuda_graphs && !config_.profile_ops && st.rows <= logit_rows_per_pass_) {
+    // Decode steps replay a graph captured once per (batch size, attention partitions): nothing
+    // that changes per step is in it (tokens, positions, slots, block tables and the expert
+    // tables are read from device memory).
+    st.grid_parts = 1;
+    while (st.grid_parts < cuda::attention_split(st.max_positions).parts) st.grid_parts *= 2;
+    const auto key = std::make_pair(n, st.grid_parts);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "CUDA runner: capturing a step");
+      cudaGraph_t graph = nullptr;
+      try {
+        enqueue_step(st, nullptr);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &graph), "CUDA runner: capturing a step");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      check(err, "CUDA runner: instantiating a step's graph");
+      it = graphs_.emplace(key, GraphExec{exec, launches_}).first;
+    }
+    check(cudaGraphLaunch(it->second.exec, stream_), "CUDA runner: launching a step's graph");
+    launches_ = it->second.launches;
+    check(cudaMemcpyAsync(logits.data(), logits_dev_, size_t(st.rows * V) * 4, cudaMemcpyDeviceToHost, stream_),
+          "CUDA runner: copying logits");
+  } else {
+    enqueue_step(st, observer, &logits);
+  }
+  check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
+  if (config_.profile_ops) collect_profile();
+}
+
+void CudaRunner::mark(const char* op) {
+  if (!config_.profile_ops) return;
+  const size_t i = event_ops_.size();
+  if (i == events_.size()) {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "CUDA runner: creating a profiling event");
+    events_.push_back(e);
+  }
+  check(cudaEventRecord(events_[i], stream_), "CUDA runner: recording a profiling event");
+  event_ops_.push_back(op);
+}
+
+void CudaRunner::collect_profile() {
+  op_ms_.clear();
+  for (size_t i = 1; i < event_ops_.size(); ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "CUDA runner: reading a profiling event");
+    auto it = std::find_if(op_ms_.begin(), op_ms_.end(), [&](const auto& p) { return p.first == event_ops_[i]; });
+    if (it == op_ms_.end()) op_ms_.emplace_back(event_ops_[i], double(ms));
+    else it->second += double(ms);
+  }
+}
+
+void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::vector<float>* logits) {
+  const int64_t n = st.n, H = spec_.hidden_size, D = spec_.head_dim;
+  const int64_t Q = spec_.q_dim(), KV = spec_.kv_dim(), V = spec_.vocab_size;
+  const int32_t bs = config_.kv.block_size;
+  const int32_t max_positions = st.max_positions;
+  const uint8_t* md = meta_dev_.as<uint8_t>();
+  const auto* tokens_d = reinterpret_cast<const int32_t*>(md + meta_.tokens);
+  const auto* pos_d = reinterpret_cast<const int32_t*>(md + meta_.positions);
+  const auto* table_off_d = reinterpret_cast<const int32_t*>(md + meta_.table_offsets);
+  const auto* slots_d = reinterpret_cast<const int64_t*>(md + meta_.slots);
+  const auto* rows_d = reinterpret_cast<const int32_t*>(md + meta_.rows);
+  const auto* tables_d = reinterpret_cast<const int32_t*>(md + meta_.tables);
+  const int64_t R = st.rows;
+  mark(nullptr);
+
+  // ---- embedding ----
+  if (embed_on_device_) {
+    cuda::embed_rows(embed_.data, embed_.type, embed_.rows, H, tokens_d, n, x_, stream_);
+    ++launches_;
+  } else {
+    check(cudaMemcpyAsync(x_, md + meta_.embed, size_t(n * H) * 4, cudaMemcpyDeviceToDevice, stream_),
+          "CUDA runner: embedding rows");
+    ++launches_;
+  }
+  mark("embedding");
+
+  const size_t kv_elem = config_.kv_dtype == DType::F32 ? 4 : 2;
+  const int attention_launches = st.grid_parts > 1 ? 2 : cuda::attention_launches(max_positions);
+  bool pending_residual = false;  // mlp_out_ still to be added to x_
+  for (int64_t l = 0; l < spec_.n_layers; ++l) {
+    const DeviceLayer& d = layers_[size_t(l)];
+    const int layer = int(l);
+    cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr, .weight = d.attn_norm, .out = h_, .n = n,
+                   .dim = H, .eps = spec_.rms_norm_eps},
+                  stream_);
+    ++launches_;
+    mark("rmsnorm + residual");
+    if (observer && pending_residual) observe(observer, "layer_out", layer - 1, x_, n, H);
+
+    // q, k, v
+    float *q, *k, *v;
+    int64_t ld_q, ld_k, ld_v;
+    if (!d.qkv.empty()) {
+      linear(d.qkv, h_, n, qkv_, d.qkv_bias);
+      q = qkv_, k = qkv_ + Q, v = qkv_ + Q + KV;
+      ld_q = ld_k = ld_v = Q + 2 * KV;
+    } else {
+      q = qkv_, k = qkv_ + n * Q, v = qkv_ + n * (Q + KV);
+      ld_q = Q, ld_k = KV, ld_v = KV;
+      linear(d.q, h_, n, q, nullptr);
+      linear(d.k, h_, n, k, nullptr);
+      linear(d.v, h_, n, v, nullptr);
+    }
+    mark("q/k/v projections");
+    uint8_t* k_cache = kv_.as<uint8_t>() + size_t(l * kv_layer_elems_) * kv_elem;
+    uint8_t* v_cache = kv_.as<uint8_t>() + size_t((spec_.n_layers + l) * kv_layer_elems_) * kv_elem;
+    cuda::rope_kv_write({.q = q, .k = k, .v = v, .ld_q = ld_q, .ld_k = ld_k, .ld_v = ld_v, .positions = pos_d,
+                         .slots = slots_d, .inv_freq = inv_freq_, .attention_factor = attention_factor_,
+                         .clip = float(spec_.clip_qkv), .q_norm = d.q_norm, .k_norm = d.k_norm,
+                         .norm_per_head = spec_.qk_norm == QkNorm::PerHead, .norm_eps = spec_.rms_norm_eps,
+                         .k_cache = k_cache, .v_cache = v_cache,
+                         .kv_type = config_.kv_dtype, .n = n, .n_heads = spec_.n_heads,
+                         .n_kv_heads = spec_.n_kv_heads, .head_dim = D},
+                        stream_);
+    ++launches_;
+    mark("q/k norm + rope + KV write");
+    for (int64_t t0 = 0; t0 < n; t0 += attn_tokens_per_call_) {
+      const int64_t nt = std::min(attn_tokens_per_call_, n - t0);
+      cuda::paged_attention({.q = q + t0 * ld_q, .ld_q = ld_q, .k_cache = k_cache, .v_cache = v_cache,
+                             .kv_type = config_.kv_dtype, .positions = pos_d + t0, .table_offset = table_off_d + t0,
+                             .block_tables = tables_d, .block_size = bs, .out = attn_ + t0 * Q, .n = nt,
+                             .n_heads = spec_.n_heads, .n_kv_heads = spec_.n_kv_heads, .head_dim = D,
+                             .max_positions = max_positions, .min_grid_parts = st.grid_parts,
+                             .workspace = attn_workspace_},
+                            stream_);
+      launches_ += attention_launches;
+    }
+    mark("attention");
+    linear(d.o, attn_, n, proj_, d.o_bias);
+    mark("o projection");
+    cuda::rmsnorm({.x = x_, .residual = proj_, .weight = d.mlp_norm, .out = h_, .n = n, .dim = H, .eps = spec_.rms_norm_eps},
+                  stream_);
+    ++launches_;
+    mark("rmsnorm + residual");
+    if (observer) observe(observer, "attn_residual", layer, x_, n, H);
+
+    if (d.moe) {
+      const int64_t E = spec_.n_experts, K = spec_.n_experts_per_token;
+      linear(d.router, h_, n, router_logits_, d.router_bias);
+      mark("router matmul");
+      cuda::route_topk(router_logits_, n, E, K, spec_.norm_topk_prob, route_ids_, route_weights_, stream_);
+      ++launches_;
+      mark("router top-k");
+      if (observer) {
+        std::vector<int32_t> ids(size_t(n * K));
+        std::vector<float> ws(size_t(n * K));
+        check(cudaMemcpyAsync(ids.data(), route_ids_, ids.size() * 4, cudaMemcpyDeviceToHost, stream_), "observing");
+        check(cudaMemcpyAsync(ws.data(), route_weights_, ws.size() * 4, cudaMemcpyDeviceToHost, stream_), "observing");
+        check(cudaStreamSynchronize(stream_), "CUDA runner: observing the router");
+        observer->on_router(layer, n, K, ids.data(), ws.data());
+      }
+      experts(d, h_, n, mlp_out_);
+      mark("routed experts");
+    } else {
+      const int64_t I = spec_.intermediate_size;
+      if (!d.gate_up.empty()) {
+        linear(d.gate_up, h_, n, gate_up_, nullptr);
+        cuda::silu_mul(gate_up_, nullptr, n, I, mlp_act_, stream_);
+        ++launches_;
+      } else {
+        linear(d.gate, h_, n, gate_up_, nullptr);
+        linear(d.up, h_, n, gate_up_ + n * I, nullptr);
+        cuda::silu_mul(gate_up_, gate_up_ + n * I, n, I, mlp_act_, stream_);
+        ++launches_;
+      }
+      linear(d.down, mlp_act_, n, mlp_out_, nullptr);
+      mark("dense MLP");
+    }
+    pending_residual = true;
+    if (observer && l + 1 == spec_.n_layers) {
+      check(cudaMemcpyAsync(scratch_, x_, size_t(n * H) * 4, cudaMemcpyDeviceToDevice, stream_), "observing");
+      cuda::add_inplace(scratch_, mlp_out_, n * H, stream_);
+      ++launches_;
+      observe(observer, "layer_out", layer, scratch_, n, H);
+    }
+  }
+
+  // ---- final norm and LM head on the rows that want logits, a pass of logit_rows_per_pass_ at a time ----
+  for (int64_t r0 = 0; r0 < R; r0 += logit_rows_per_pass_) {
+    const int64_t nr = std::min(logit_rows_per_pass_, R - r0);
+    cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr, .rows = rows_d + r0, .weight = final_norm_,
+                   .out = final_rows_, .n = nr, .dim = H, .eps = spec_.rms_norm_eps},
+                  stream_);
+    ++launches_;
+    mark("final norm");
+    linear(lm_head_, final_rows_, nr, logits_dev_, nullptr);
+    mark("LM head");
+    if (logits)
+      check(cudaMemcpyAsync(logits->data() + r0 * V, logits_dev_, size_t(nr * V) * 4, cudaMemcpyDeviceToHost, stream_),
+            "CUDA runner: copying logits");
+  }
+}
+
+}  // namespace
+
+CudaRunnerStats cuda_runner_stats(const ModelRunner& runner) {
+  const auto* r = dynamic_cast<const CudaRunner*>(&runner);
+  if (!r) fail("cuda_runner_stats: this runner is not a CUDA runner");
+  return r->stats();
+}
+
+std::unique_ptr<ModelRunner> make_cuda_runner(const Model& model, const CudaRunnerConfig& config) {
+  return std::make_unique<CudaRunner>(model, config);
+}
+
+}  // namespace spill

@@ -1,0 +1,79 @@
+// The CUDA model runner: the whole decoder forward (src/model/decoder.cpp's CpuRunner is its
+// reference) on one GPU, behind the ModelRunner interface, so the engine runs it unchanged.
+//
+// Device memory is the runner's: it uploads every weight once, in its stored format (F32, BF16,
+// F16, or a ggml block format the GEMV/MoE kernels decode), keeps the paged KV cache in VRAM
+// (BF16 by default, F32 on request; per layer [block][slot][kv_head][head_dim], addressed through
+// each chunk's block table), and one workspace sized from the config's limits. Per step it copies
+// the step's metadata (tokens, positions, KV slots, block tables) to the device in one transfer,
+// enqueues the layers with no host synchronisation, and copies the logit rows back at the end (the
+// one synchronisation; a ForwardObserver adds one per observed tensor).
+//
+// This header does not include CUDA: a build without CUDA gets a make_cuda_runner that throws.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/runner.h"
+
+namespace spill {
+
+class Model;
+
+struct CudaRunnerConfig {
+  // Block size and blocks in the pool (all layers of a block together). n_blocks 0: as many as
+  // kv_budget_bytes holds, or with no budget the free device memory after the weights and the
+  // workspace, less a reserve (1 GiB or 5%); kv_config() reports the count.
+  KvCacheConfig kv;
+  int64_t kv_budget_bytes = 0;
+  int device = 0;                   // CUDA device ordinal
+  int64_t max_batch_tokens = 2048;  // most tokens one step may carry (sizes the activations)
+  int32_t max_seqs = 256;           // most chunks one step may carry
+  // Most positions a sequence may reach (sizes the block-table and split-attention workspace);
+  // <= 0: what the KV pool holds (n_blocks * block_size; with n_blocks 0 the model's
+  // max_position_embeddings), capped at the model's max_position_embeddings.
+  int64_t max_model_len = 0;
+  DType kv_dtype = DType::BF16;     // BF16 or F32
+  // Decode-only steps (one token per chunk, logits for each) replay a CUDA graph per (batch size,
+  // attention partitions), captured at first use; false: every step is launched kernel by kernel.
+  bool cuda_graphs = true;
+  // An event between ops and their device times in cuda_runner_stats (every step launched eagerly).
+  bool profile_ops = false;
+};
+
+// Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).
+inline int64_t cuda_kv_bytes_per_block(const ModelSpec& spec, int32_t block_size, DType kv_dtype) {
+  return 2 * spec.n_layers * int64_t(block_size) * spec.kv_dim() * (kv_dtype == DType::F32 ? 4 : 2);
+}
+
+// What a CUDA runner holds on the device, and what its last step launched (benchmarks, logs).
+struct CudaRunnerStats {
+  int64_t weight_bytes = 0;     // the weights as uploaded (stored formats, expert tables)
+  int64_t kv_bytes = 0;         // the KV pool
+  int64_t workspace_bytes = 0;  // activations, GEMV/MoE/attention workspaces
+  int64_t launches_last_step = 0;  // kernels (and device copies) the last forward enqueued
+  // With profile_ops: the last step's device time by op (summed over layers), in step order.
+  std::vector<std::pair<std::string, double>> op_ms_last_step;
+};
+
+#if SPILL_HAVE_CUDA
+// The stats of a runner make_cuda_runner made; throws spill::Error for any other runner.
+CudaRunnerStats cuda_runner_stats(const ModelRunner& runner);
+
+// Uploads the model's weights to config.device and allocates the KV pool and workspace there.
+// Throws spill::Error (what did not fit or is not supported, and what to do) on failure. The model
+// must outlive the runner only when its embedding is in a block format the device gather does not
+// decode (those rows are dequantized on the host per step).
+std::unique_ptr<ModelRunner> make_cuda_runner(const Model& model, const CudaRunnerConfig& config);
+#else
+inline std::unique_ptr<ModelRunner> make_cuda_runner(const Model&, const CudaRunnerConfig&) {
+  fail("spill was built without CUDA (-DSPILL_CUDA=OFF or no nvcc at configure time); use the CPU runner");
+}
+#endif
+
+}  // namespace spill

@@ -1,0 +1,834 @@
+#include "backend/cuda/ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace spill::cuda {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+unsigned grid_dim(int64_t v, const char* op) {
+  if (v <= 0 || v > 2147483647) throw_error(std::string(op) + ": grid of " + str(v) + " blocks is out of range");
+  return unsigned(v);
+}
+
+
+__device__ __forceinline__ float bf16_bits(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+template <class W>
+__device__ __forceinline__ float load_w(const W* p, int64_t i);
+template <>
+__device__ __forceinline__ float load_w<float>(const float* p, int64_t i) { return p[i]; }
+template <>
+__device__ __forceinline__ float load_w<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
+  return bf16_bits(reinterpret_cast<const uint16_t*>(p)[i]);
+}
+template <>
+__device__ __forceinline__ float load_w<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
+
+template <class F>
+void dispatch_float_type(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::F32: f(float{}); break;
+    case DType::BF16: f(__nv_bfloat16{}); break;
+    case DType::F16: f(__half{}); break;
+    default: throw_error(std::string(op) + ": no kernel for " + std::string(dtype_name(t)) + " weights (F32, BF16, F16)");
+  }
+}
+
+// ---- block reductions (fixed order: per-thread strided partials, warp butterfly, warps in order) ----
+
+constexpr int kBlock = 128;
+constexpr int kWarpsPerBlock = kBlock / 32;
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int o = 16; o >= 1; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_f(float v) {
+  for (int o = 16; o >= 1; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_max_f(float v) {
+  for (int o = 16; o >= 1; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// 1 / sqrt(mean(x^2) + eps) of one row, for a block of kThreads threads; every thread gets it.
+// The strided loads are unrolled so a thread's loads are in flight together (one block per row at
+// batch 1 is a chain of memory latencies otherwise).
+template <int kThreads>
+__device__ float rms_scale(const float* x, int64_t dim, double eps) {
+  __shared__ double warp_part[kThreads / 32];
+  double s = 0;
+#pragma unroll 8
+  for (int64_t j = threadIdx.x; j < dim; j += kThreads) s = __fma_rn(double(x[j]), double(x[j]), s);
+  s = warp_sum_d(s);
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
+  __syncthreads();
+  double total = warp_part[0];
+  for (int w = 1; w < kThreads / 32; ++w) total = __dadd_rn(total, warp_part[w]);
+  __syncthreads();  // warp_part may be reused by the caller's next call
+  return float(1.0 / sqrt(total / double(dim) + eps));
+}
+constexpr int kNormBlock = 512;  // threads of the RMSNorm and RoPE kernels
+
+// ---- launches ----------------------------------------------------------------------------------
+// Programmatic dependent launch: every kernel here is launched so that it may start while the
+// previous kernel on the stream finishes, and its first act is to wait for that kernel's memory
+// (griddepcontrol.wait, before any load or store that could depend on it); right after, it lets
+// the next kernel start its own prologue (a GEMV fetches its weights before waiting). The wait
+// makes the order exactly that of plain stream order; only launch latency is hidden.
+// SPILL_CUDA_PDL=0 launches plainly (for comparison).
+bool overlap_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SPILL_CUDA_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+__device__ __forceinline__ void overlap_prologue() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+template <class... Params, class... Args>
+void launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = overlap_enabled() ? 1 : 0;
+  check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+template <class W>
+__global__ void embed_float_kernel(const W* table, int64_t hidden, const int32_t* ids, float* out) {
+  overlap_prologue();
+  const int64_t row = ids[blockIdx.x];
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x)
+    out[int64_t(blockIdx.x) * hidden + j] = load_w(table, row * hidden + j);
+}
+
+// Q8_0: blocks of 34 bytes, an f16 scale then 32 int8; value = q * d.
+__global__ void embed_q8_0_kernel(const uint8_t* table, int64_t hidden, const int32_t* ids, float* out) {
+  overlap_prologue();
+  const int64_t row = ids[blockIdx.x];
+  const int64_t blocks = hidden / 32;
+  const uint8_t* r = table + row * blocks * 34;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    const uint8_t* b = r + (j / 32) * 34;
+    const float d = __half2float(__ushort_as_half(uint16_t(b[0] | (b[1] << 8))));
+    out[int64_t(blockIdx.x) * hidden + j] = __fmul_rn(float(int8_t(b[2 + j % 32])), d);
+  }
+}
+
+// ---- norms ---------------------------------------------------------------------------------------
+
+__global__ void rmsnorm_kernel(RmsNormArgs a) {
+  overlap_prologue();
+  const int64_t r = blockIdx.x;
+  const int64_t i = a.rows ? a.rows[r] : r;
+  float* x = a.x + i * a.ld_x;
+  if (a.residual) {
+    const float* res = a.residual + i * a.ld_x;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock) x[j] = __fadd_rn(x[j], res[j]);
+  }
+  __syncthreads();
+  const float scale = rms_scale<kNormBlock>(x, a.dim, a.eps);
+  float* o = a.out + r * a.ld_out;
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock) o[j] = __fmul_rn(a.weight[j], __fmul_rn(x[j], scale));
+}
+
+// ---- RoPE + KV write -----------------------------------------------------------------------------
+
+__device__ __forceinline__ float clip_value(float v, float c) { return c > 0 ? fminf(fmaxf(v, -c), c) : v; }
+
+template <class KV>
+__device__ __forceinline__ KV to_kv(float v);
+template <>
+__device__ __forceinline__ float to_kv<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_kv<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <class KV>
+__device__ __forceinline__ float from_kv(KV v);
+template <>
+__device__ __forceinline__ float from_kv<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float from_kv<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class KV>
+__global__ void rope_kv_kernel(RopeKvArgs a) {
+  overlap_prologue();
+  const int64_t t = blockIdx.x;
+  const int64_t D = a.head_dim, half = D / 2;
+  const float pos = float(a.positions[t]);
+  KV* kc = static_cast<KV*>(a.k_cache) + a.slots[t] * a.n_kv_heads * D;
+  KV* vc = static_cast<KV*>(a.v_cache) + a.slots[t] * a.n_kv_heads * D;
+  if (a.q_norm) {
+    float* q = a.q + t * a.ld_q;
+    float* k = a.k + t * a.ld_k;
+    if (a.norm_per_head) {
+      // A warp per head (q heads, then k heads): lanes' strided squares, then the butterfly.
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      for (int64_t h = warp; h < a.n_heads + a.n_kv_heads; h += kNormBlock / 32) {
+        float* x = h < a.n_heads ? q + h * D : k + (h - a.n_heads) * D;
+        const float* w = h < a.n_heads ? a.q_norm : a.k_norm;
+        double s = 0;
+#pragma unroll 8
+        for (int64_t j = lane; j < D; j += 32) s = __fma_rn(double(x[j]), double(x[j]), s);
+        s = warp_sum_d(s);
+        const float scale = float(1.0 / sqrt(s / double(D) + a.norm_eps));
+        for (int64_t j = lane; j < D; j += 32) x[j] = __fmul_rn(w[j], __fmul_rn(x[j], scale));
+      }
+    } else {
+      const int64_t qd = a.n_heads * D, kd = a.n_kv_heads * D;
+      const float q_scale = rms_scale<kNormBlock>(q, qd, a.norm_eps);
+      const float k_scale = rms_scale<kNormBlock>(k, kd, a.norm_eps);
+      __syncthreads();  // every thread has read its squares before any is overwritten
+      for (int64_t j = threadIdx.x; j < qd; j += blockDim.x) q[j] = __fmul_rn(a.q_norm[j], __fmul_rn(q[j], q_scale));
+      for (int64_t j = threadIdx.x; j < kd; j += blockDim.x) k[j] = __fmul_rn(a.k_norm[j], __fmul_rn(k[j], k_scale));
+    }
+    __syncthreads();
+  }
+  // cos and sin once per frequency, shared by the heads.
+  __shared__ float cos_s[kMaxHeadDim / 2], sin_s[kMaxHeadDim / 2];
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    float sv, cv;
+    sincosf(__fmul_rn(pos, a.inv_freq[i]), &sv, &cv);
+    cos_s[i] = __fmul_rn(cv, a.attention_factor);
+    sin_s[i] = __fmul_rn(sv, a.attention_factor);
+  }
+  __syncthreads();
+  const int64_t rot_items = (a.n_heads + a.n_kv_heads) * half;
+#pragma unroll 2
+  for (int64_t it = threadIdx.x; it < rot_items; it += blockDim.x) {
+    const int64_t h = it / half, i = it % half;
+    const float c = cos_s[i], s = sin_s[i];
+    if (h < a.n_heads) {
+      float* v = a.q + t * a.ld_q + h * D;
+      const float x0 = clip_value(v[i], a.clip), x1 = clip_value(v[i + half], a.clip);
+      v[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+      v[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    } else {
+      const int64_t kh = h - a.n_heads;
+      const float* v = a.k + t * a.ld_k + kh * D;
+      const float x0 = clip_value(v[i], a.clip), x1 = clip_value(v[i + half], a.clip);
+      kc[kh * D + i] = to_kv<KV>(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+      kc[kh * D + i + half] = to_kv<KV>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+    }
+  }
+  for (int64_t j = threadIdx.x; j < a.n_kv_heads * D; j += blockDim.x)
+    vc[j] = to_kv<KV>(clip_value(a.v[t * a.ld_v + j], a.clip));
+}
+
+// ---- paged attention -----------------------------------------------------------------------------
+// One block of kWarpsPerBlock warps per (token, G query heads of one KV head, partition;
+// attention_split in ops.h): the G heads share every K and V load (GQA). The partition is cut in
+// tiles of 32 positions; tile i goes to warp i % kWarpsPerBlock. In a tile, lane j scores position
+// j for each head (a sequential dot over head_dim), the warp takes each head's tile max and the
+// butterfly sum of exp(score - max), and each lane accumulates its head_dim / 32 output values per
+// head over the tile's positions in order (online softmax). The warps' states are merged in warp
+// order, the partitions' in partition order (a second kernel when there are several). A head's
+// arithmetic is the same for every G, so G is a speed choice only.
+
+constexpr int kMaxPerLane = kMaxHeadDim / 32;
+
+// q_g . k over head_dim for G heads, each in order d = 0, 1, ... (one fma chain per head); 16-byte
+// loads of k when head_dim is a multiple of 8 (the same chains, so the same bits).
+template <int G>
+__device__ __forceinline__ void dot_q_k(const float (*q)[kMaxHeadDim], const float* k, int64_t D, float dot[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+  if (D % 8 == 0) {
+    const float4* k4 = reinterpret_cast<const float4*>(k);
+#pragma unroll 4
+    for (int64_t c = 0; c < D / 4; ++c) {
+      const float4 w = k4[c];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        dot[g] = __fmaf_rn(q[g][4 * c], w.x, dot[g]);
+        dot[g] = __fmaf_rn(q[g][4 * c + 1], w.y, dot[g]);
+        dot[g] = __fmaf_rn(q[g][4 * c + 2], w.z, dot[g]);
+        dot[g] = __fmaf_rn(q[g][4 * c + 3], w.w, dot[g]);
+      }
+    }
+  } else {
+    for (int64_t d = 0; d < D; ++d) {
+      const float kd = k[d];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(q[g][d], kd, dot[g]);
+    }
+  }
+}
+template <int G>
+__device__ __forceinline__ void dot_q_k(const float (*q)[kMaxHeadDim], const __nv_bfloat16* k, int64_t D,
+                                        float dot[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+  if (D % 8 == 0) {
+    const uint4* k8 = reinterpret_cast<const uint4*>(k);
+#pragma unroll 4
+    for (int64_t c = 0; c < D / 8; ++c) {
+      const uint4 w = k8[c];
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float k0 = __uint_as_float(words[i] << 16), k1 = __uint_as_float(words[i] & 0xFFFF0000u);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          dot[g] = __fmaf_rn(q[g][8 * c + 2 * i], k0, dot[g]);
+          dot[g] = __fmaf_rn(q[g][8 * c + 2 * i + 1], k1, dot[g]);
+        }
+      }
+    }
+  } else {
+    for (int64_t d = 0; d < D; ++d) {
+      const float kd = __bfloat162float(k[d]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(q[g][d], kd, dot[g]);
+    }
+  }
+}
+
+template <class KV, int G>
+__global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int32_t n_parts_grid) {
+  overlap_prologue();
+  const int64_t head_groups = a.n_heads / G;
+  const int64_t t = blockIdx.x / head_groups, h0 = (blockIdx.x % head_groups) * G;
+  const int part = blockIdx.y;
+  const int32_t n_pos = a.positions[t] + 1;
+  const AttentionSplit split = attention_split(n_pos);
+  const int32_t n_parts = split.parts;
+  if (part >= n_parts) return;
+  const int64_t D = a.head_dim, kvh = h0 / (a.n_heads / a.n_kv_heads);
+  const int64_t row_elems = a.n_kv_heads * D;
+  const int32_t* table = a.block_tables + a.table_offset[t];
+  const float scale = 1.0f / sqrtf(float(D));
+
+  __shared__ float q_s[G][kMaxHeadDim];
+  __shared__ float m_s[kWarpsPerBlock][G], l_s[kWarpsPerBlock][G];
+  __shared__ float acc_s[kWarpsPerBlock][G][kMaxHeadDim];
+  for (int64_t i = threadIdx.x; i < G * D; i += kBlock) q_s[i / D][i % D] = a.q[t * a.ld_q + h0 * D + i];
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t p_begin = part * split.length;
+  const int32_t p_end = min(n_pos, p_begin + split.length);
+  const int per_lane = int((D + 31) / 32);
+  float m[G], l[G], acc[G][kMaxPerLane];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) acc[g][i] = 0.0f;
+  }
+  const KV* kc = static_cast<const KV*>(a.k_cache);
+  const KV* vc = static_cast<const KV*>(a.v_cache);
+
+  for (int32_t tile = p_begin + warp * 32; tile < p_end; tile += kWarpsPerBlock * 32) {
+    const int32_t p = tile + lane;
+    float s[G];
+    // Lane j looks up position tile + j's slot once; the V loop below takes it by shuffle.
+    const int64_t slot = p < p_end ? int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
+    if (p < p_end) {
+      dot_q_k<G>(q_s, kc + slot * row_elems + kvh * D, D, s);
+#pragma unroll
+      for (int g = 0; g < G; ++g) s[g] = __fmul_rn(s[g], scale);
+    } else {
+#pragma unroll
+      for (int g = 0; g < G; ++g) s[g] = -INFINITY;
+    }
+    float pr[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float m_new = fmaxf(m[g], warp_max_f(s[g]));
+      const float corr = expf(__fsub_rn(m[g], m_new));  // 0 on the first tile (m = -inf)
+      pr[g] = p < p_end ? expf(__fsub_rn(s[g], m_new)) : 0.0f;
+      l[g] = __fadd_rn(__fmul_rn(l[g], corr), warp_sum_f(pr[g]));
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) acc[g][i] = __fmul_rn(acc[g][i], corr);
+      m[g] = m_new;
+    }
+    const int32_t count = min(32, p_end - tile);
+#pragma unroll 8
+    for (int j = 0; j < count; ++j) {
+      const long long slot_j = __shfl_sync(0xffffffffu, static_cast<long long>(slot), j);
+      const KV* v = vc + slot_j * row_elems + kvh * D;
+      float vd[kMaxPerLane];
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) {
+        const int64_t d = lane + 32 * i;
+        vd[i] = i < per_lane && d < D ? from_kv(v[d]) : 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float pj = __shfl_sync(0xffffffffu, pr[g], j);
+#pragma unroll
+        for (int i = 0; i < kMaxPerLane; ++i)
+          if (i < per_lane) acc[g][i] = __fmaf_rn(pj, vd[i], acc[g][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      m_s[warp][g] = m[g];
+      l_s[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (i < per_lane && d < D) acc_s[warp][g][d] = acc[g][i];
+    }
+  }
+  __syncthreads();
+  // Merge the warps in order (a warp with no tile has m = -inf and weight 0).
+  for (int64_t i = threadIdx.x; i < G * D; i += kBlock) {
+    const int g = int(i / D);
+    const int64_t d = i % D, h = h0 + g, th = t * a.n_heads + h;
+    float M = m_s[0][g];
+    for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w][g]);
+    float L = 0.0f, o = 0.0f;
+    for (int w = 0; w < kWarpsPerBlock; ++w)
+      if (m_s[w][g] != -INFINITY) {
+        const float f = expf(__fsub_rn(m_s[w][g], M));
+        L = __fadd_rn(L, __fmul_rn(l_s[w][g], f));
+        o = __fmaf_rn(acc_s[w][g][d], f, o);
+      }
+    if (n_parts == 1) {
+      a.out[t * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
+    } else {
+      float* ws = a.workspace + (th * n_parts_grid + part) * (D + 2);
+      ws[2 + d] = o;
+      if (d == 0) {
+        ws[0] = M;
+        ws[1] = L;
+      }
+    }
+  }
+}
+
+// Merges the partitions of every (token, head) that has more than one, in partition order.
+__global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
+  overlap_prologue();
+  const int64_t th = blockIdx.x;
+  const int64_t t = th / a.n_heads, h = th % a.n_heads;
+  const int32_t n_parts = attention_split(a.positions[t] + 1).parts;
+  if (n_parts <= 1) return;
+  const int64_t D = a.head_dim;
+  const float* ws = a.workspace + th * n_parts_grid * (D + 2);
+  float M = ws[0];
+  for (int p = 1; p < n_parts; ++p) M = fmaxf(M, ws[p * (D + 2)]);
+  float L = 0.0f;
+  for (int p = 0; p < n_parts; ++p)
+    L = __fadd_rn(L, __fmul_rn(ws[p * (D + 2) + 1], expf(__fsub_rn(ws[p * (D + 2)], M))));
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.0f;
+    for (int p = 0; p < n_parts; ++p)
+      o = __fmaf_rn(ws[p * (D + 2) + 2 + d], expf(__fsub_rn(ws[p * (D + 2)], M)), o);
+    a.out[t * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
+  }
+}
+
+// ---- router ----------------------------------------------------------------------------------------
+// One warp per token. Probabilities in shared memory; k rounds of a warp argmax (ties to the lower id).
+__global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
+                                  float* weights) {
+  overlap_prologue();
+  extern __shared__ float probs[];
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x;
+  const float* l = logits + t * n_experts;
+  float mx = -INFINITY;
+  for (int64_t e = lane; e < n_experts; e += 32) mx = fmaxf(mx, l[e]);
+  mx = warp_max_f(mx);
+  float s = 0.0f;
+  for (int64_t e = lane; e < n_experts; e += 32) {
+    const float v = expf(__fsub_rn(l[e], mx));
+    probs[e] = v;
+    s = __fadd_rn(s, v);
+  }
+  s = warp_sum_f(s);
+  for (int64_t e = lane; e < n_experts; e += 32) probs[e] = __fdiv_rn(probs[e], s);
+  __syncwarp();
+  float top_sum = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    float best = -1.0f;
+    int32_t best_id = 0x7fffffff;
+    for (int64_t e = lane; e < n_experts; e += 32)
+      if (probs[e] > best) {  // ascending e: the first maximum of this lane is its lowest id
+        best = probs[e];
+        best_id = int32_t(e);
+      }
+    for (int o = 16; o >= 1; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oi < best_id)) {
+        best = ob;
+        best_id = oi;
+      }
+    }
+    if (best_id == 0x7fffffff) best_id = 0, best = 0.0f;  // all NaN: never happens with finite logits
+    if (lane == 0) {
+      ids[t * k + j] = best_id;
+      weights[t * k + j] = best;
+      probs[best_id] = -2.0f;  // taken
+    }
+    top_sum = __fadd_rn(top_sum, best);
+    __syncwarp();
+  }
+  if (renormalise && lane == 0)
+    for (int64_t j = 0; j < k; ++j) weights[t * k + j] = __fdiv_rn(weights[t * k + j], top_sum);
+}
+
+// ---- elementwise -----------------------------------------------------------------------------------
+
+__device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, int64_t width, float* out) {
+  overlap_prologue();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t t = i / width, c = i % width;
+  const float g = up ? gate[i] : gate[t * 2 * width + c];
+  const float u = up ? up[i] : gate[t * 2 * width + width + c];
+  out[i] = __fmul_rn(silu(g), u);
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  overlap_prologue();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  overlap_prologue();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * cols) y[i] = __fadd_rn(y[i], bias[i % cols]);
+}
+
+// ---- dense matmul of float weights -------------------------------------------------------------------
+// One block of kBlock threads per (row, group of up to 8 tokens): thread i takes k = i, i + kBlock, ...
+// (one fma chain per token), then the warp butterfly and the warps in order.
+constexpr int kTokenGroup = 8;
+
+template <class W>
+__device__ __forceinline__ void block_dot_tokens(const W* w, int64_t cols, const float* x, int64_t ldx, int nt,
+                                                 float out[kTokenGroup]) {
+  __shared__ float part[kWarpsPerBlock][kTokenGroup];
+  float acc[kTokenGroup];
+#pragma unroll
+  for (int t = 0; t < kTokenGroup; ++t) acc[t] = 0.0f;
+#pragma unroll 4
+  for (int64_t c = threadIdx.x; c < cols; c += kBlock) {
+    const float wv = load_w(w, c);
+#pragma unroll
+    for (int t = 0; t < kTokenGroup; ++t)
+      if (t < nt) acc[t] = __fmaf_rn(wv, x[t * ldx + c], acc[t]);
+  }
+#pragma unroll
+  for (int t = 0; t < kTokenGroup; ++t) {
+    const float s = warp_sum_f(acc[t]);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32][t] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kTokenGroup; ++t) {
+    float s = part[0][t];
+    for (int wp = 1; wp < kWarpsPerBlock; ++wp) s = __fadd_rn(s, part[wp][t]);
+    out[t] = s;
+  }
+  __syncthreads();
+}
+
+template <class W>
+__global__ void __launch_bounds__(kBlock) matmul_float_kernel(const W* w, int64_t rows, int64_t cols, const float* x,
+                                                              int64_t n, const float* bias, float* y) {
+  overlap_prologue();
+  const int64_t row = blockIdx.x, t0 = int64_t(blockIdx.y) * kTokenGroup;
+  const int nt = int(min(int64_t(kTokenGroup), n - t0));
+  float out[kTokenGroup];
+  block_dot_tokens(w + row * cols, cols, x + t0 * cols, cols, nt, out);
+  if (threadIdx.x < nt) {
+    float v = out[0];
+#pragma unroll
+    for (int t = 1; t < kTokenGroup; ++t)
+      if (t == int(threadIdx.x)) v = out[t];
+    if (bias) v = __fadd_rn(v, bias[row]);
+    y[(t0 + threadIdx.x) * rows + row] = v;
+  }
+}
+
+// ---- routed experts of float weights ---------------------------------------------------------------
+
+__device__ __forceinline__ bool valid_expert(int32_t id, int32_t n) { return id >= 0 && id < n; }
+
+// blockIdx.x: row of the expert width; blockIdx.y: (token, slot) pair.
+template <class W>
+__global__ void __launch_bounds__(kBlock) moe_float_gate_up_kernel(MoeFloatArgs a, float* act) {
+  overlap_prologue();
+  const int64_t i = blockIdx.x, pair = blockIdx.y;
+  const int32_t id = a.ids[pair];
+  if (!valid_expert(id, a.n_experts)) return;
+  const ExpertWeights e = a.table[id];
+  const float* x = a.x + (pair / a.top_k) * a.hidden;
+  float g[kTokenGroup], u[kTokenGroup];
+  block_dot_tokens(static_cast<const W*>(e.gate) + i * a.hidden, a.hidden, x, a.hidden, 1, g);
+  block_dot_tokens(static_cast<const W*>(e.up) + i * a.hidden, a.hidden, x, a.hidden, 1, u);
+  if (threadIdx.x == 0) act[pair * a.width + i] = __fmul_rn(silu(g[0]), u[0]);
+}
+
+template <class W>
+__global__ void __launch_bounds__(kBlock) moe_float_down_kernel(MoeFloatArgs a, const float* act, float* partial) {
+  overlap_prologue();
+  const int64_t j = blockIdx.x, pair = blockIdx.y;
+  const int32_t id = a.ids[pair];
+  if (!valid_expert(id, a.n_experts)) {
+    if (threadIdx.x == 0) partial[pair * a.hidden + j] = 0.0f;
+    return;
+  }
+  const ExpertWeights e = a.table[id];
+  float y[kTokenGroup];
+  block_dot_tokens(static_cast<const W*>(e.down) + j * a.width, a.width, act + pair * a.width, a.width, 1, y);
+  if (threadIdx.x == 0) partial[pair * a.hidden + j] = __fmul_rn(a.weights[pair], y[0]);
+}
+
+__global__ void moe_float_sum_kernel(MoeFloatArgs a, const float* partial) {
+  overlap_prologue();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n * a.hidden) return;
+  const int64_t t = i / a.hidden, j = i % a.hidden;
+  const float* p = partial + t * a.top_k * a.hidden + j;
+  float s = p[0];
+  for (int32_t slot = 1; slot < a.top_k; ++slot) s = __fadd_rn(s, p[slot * a.hidden]);
+  a.out[i] = s;
+}
+
+// ---- argmax -----------------------------------------------------------------------------------------
+
+__global__ void argmax_kernel(const float* x, int64_t cols, int32_t* ids) {
+  overlap_prologue();
+  __shared__ float bv[kBlock];
+  __shared__ int32_t bi[kBlock];
+  const float* r = x + int64_t(blockIdx.x) * cols;
+  float best = -INFINITY;
+  int32_t idx = 0x7fffffff;
+  for (int64_t c = threadIdx.x; c < cols; c += kBlock)
+    if (r[c] > best || (idx == 0x7fffffff && r[c] == best)) {
+      best = r[c];
+      idx = int32_t(c);
+    }
+  bv[threadIdx.x] = best;
+  bi[threadIdx.x] = idx;
+  __syncthreads();
+  for (int s = kBlock / 2; s >= 1; s >>= 1) {
+    if (int(threadIdx.x) < s) {
+      const float ov = bv[threadIdx.x + s];
+      const int32_t oi = bi[threadIdx.x + s];
+      if (ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < bi[threadIdx.x])) {
+        bv[threadIdx.x] = ov;
+        bi[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ids[blockIdx.x] = bi[0] == 0x7fffffff ? 0 : bi[0];
+}
+
+unsigned blocks_for(int64_t count, int threads, const char* op) { return grid_dim((count + threads - 1) / threads, op); }
+
+}  // namespace
+
+// ---- host entry points ---------------------------------------------------------------------------
+
+bool embed_rows_supported(DType type) {
+  return type == DType::F32 || type == DType::BF16 || type == DType::F16 || type == DType::Q8_0;
+}
+
+void embed_rows(const void* table, DType type, int64_t vocab, int64_t hidden, const int32_t* ids, int64_t n,
+                float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (!embed_rows_supported(type))
+    throw_error(std::string("embedding rows: no device kernel for ") + std::string(dtype_name(type)) + " (F32, BF16, F16, Q8_0)");
+  if (hidden <= 0 || !row_fits(type, hidden)) throw_error("embedding rows: bad width " + str(hidden));
+  const unsigned grid = grid_dim(n, "embedding rows");
+  if (type == DType::Q8_0) {
+    launch("launching the embedding kernel", embed_q8_0_kernel, dim3(grid), dim3(256), 0, stream,
+           static_cast<const uint8_t*>(table), hidden, ids, out);
+  } else {
+    dispatch_float_type(type, "embedding rows", [&](auto w) {
+      using W = decltype(w);
+      launch("launching the embedding kernel", embed_float_kernel<W>, dim3(grid), dim3(256), 0, stream,
+             static_cast<const W*>(table), hidden, ids, out);
+    });
+  }
+}
+
+void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
+  if (args.n <= 0) return;
+  if (args.dim <= 0 || !args.x || !args.weight || !args.out) throw_error("rmsnorm: bad arguments (dim " + str(args.dim) + ")");
+  RmsNormArgs a = args;
+  if (a.ld_x == 0) a.ld_x = a.dim;
+  if (a.ld_out == 0) a.ld_out = a.dim;
+  launch("launching the RMSNorm kernel", rmsnorm_kernel, dim3(grid_dim(a.n, "rmsnorm")), dim3(kNormBlock), 0, stream, a);
+}
+
+void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > kMaxHeadDim)
+    throw_error("RoPE: head_dim " + str(a.head_dim) + " must be even and at most " + str(kMaxHeadDim));
+  if (a.n_heads <= 0 || a.n_kv_heads <= 0 || (a.q_norm == nullptr) != (a.k_norm == nullptr))
+    throw_error("RoPE: bad head counts, or a q norm without a k norm");
+  const unsigned grid = grid_dim(a.n, "RoPE");
+  if (a.kv_type == DType::F32)
+    launch("launching the RoPE/KV-write kernel", rope_kv_kernel<float>, dim3(grid), dim3(kNormBlock), 0, stream, a);
+  else if (a.kv_type == DType::BF16)
+    launch("launching the RoPE/KV-write kernel", rope_kv_kernel<__nv_bfloat16>, dim3(grid), dim3(kNormBlock), 0, stream, a);
+  else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+}
+
+// Partitions in the grid: the most any token of the batch may have.
+int32_t grid_partitions(int32_t max_positions) {
+  return max_positions <= 0 ? 1 : attention_split(max_positions).parts;
+}
+
+int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions) {
+  const int64_t parts = grid_partitions(max_positions);
+  return parts <= 1 ? 0 : max_tokens * n_heads * parts * (head_dim + 2);
+}
+
+int attention_launches(int32_t max_positions) { return grid_partitions(max_positions) > 1 ? 2 : 1; }
+
+void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
+    throw_error("attention: bad head shape (" + str(a.n_heads) + " q heads, " + str(a.n_kv_heads) +
+                " kv heads of " + str(a.head_dim) + "; head_dim at most " + str(kMaxHeadDim) + ")");
+  if (a.max_positions <= 0 || a.block_size <= 0) throw_error("attention: bad max_positions or block size");
+  const int32_t parts = std::max(grid_partitions(a.max_positions), a.min_grid_parts);
+  if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
+  if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
+  // Heads per block: the largest of 8, 4, 2, 1 that divides the GQA group, lowered while the grid
+  // has fewer than ~2 blocks per SM (a small batch at a short context would leave the GPU idle);
+  // SPILL_CUDA_ATTN_HEADS caps it, for comparisons: the bits are the same for every choice.
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  int G = 8;
+  while (group % G != 0) G /= 2;
+  while (G > 1 && a.n * (a.n_heads / G) * parts < 264) G /= 2;
+  if (const char* cap = std::getenv("SPILL_CUDA_ATTN_HEADS")) G = std::max(1, std::min(G, std::atoi(cap)));
+  while (group % G != 0) G /= 2;
+  const dim3 grid(grid_dim(a.n * (a.n_heads / G), "attention"), unsigned(parts));
+  auto go = [&](auto kv_tag, auto g_tag) {
+    using KV = decltype(kv_tag);
+    constexpr int kG = decltype(g_tag)::value;
+    launch("launching the attention kernel", attention_kernel<KV, kG>, grid, dim3(kBlock), 0, stream, a, parts);
+  };
+  auto by_heads = [&](auto kv_tag) {
+    switch (G) {
+      case 8: go(kv_tag, std::integral_constant<int, 8>{}); break;
+      case 4: go(kv_tag, std::integral_constant<int, 4>{}); break;
+      case 2: go(kv_tag, std::integral_constant<int, 2>{}); break;
+      default: go(kv_tag, std::integral_constant<int, 1>{}); break;
+    }
+  };
+  if (a.kv_type == DType::F32) by_heads(float{});
+  else if (a.kv_type == DType::BF16) by_heads(__nv_bfloat16{});
+  else throw_error("KV cache type " + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+  const dim3 merge_grid(grid_dim(a.n * a.n_heads, "attention"));
+  if (parts > 1) {
+    launch("launching the attention merge kernel", attention_merge_kernel, merge_grid, dim3(kBlock), 0, stream, a, parts);
+  }
+}
+
+void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
+                float* weights, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (n_experts <= 0 || n_experts > 8192 || k <= 0 || k > n_experts)
+    throw_error("router: need 1 <= top_k (" + str(k) + ") <= n_experts (" + str(n_experts) + ") <= 8192");
+  launch("launching the router kernel", route_topk_kernel, dim3(grid_dim(n, "router")), dim3(32),
+         size_t(n_experts) * sizeof(float), stream, logits, n_experts, k, renormalise, ids, weights);
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, int64_t width, float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch("launching the SiLU*up kernel", silu_mul_kernel, dim3(blocks_for(n * width, 256, "silu*up")), dim3(256), 0, stream,
+         gate, up, n, width, out);
+}
+
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  launch("launching the add kernel", add_kernel, dim3(blocks_for(count, 256, "add")), dim3(256), 0, stream, x, y, count);
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0) return;
+  launch("launching the bias kernel", add_bias_kernel, dim3(blocks_for(rows * cols, 256, "bias")), dim3(256), 0, stream, y,
+         bias, rows, cols);
+}
+
+bool matmul_float_supported(DType type) { return type == DType::F32 || type == DType::BF16 || type == DType::F16; }
+
+void matmul_float(const void* w, DType type, int64_t rows, int64_t cols, const float* x, int64_t n,
+                  const float* bias, float* y, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (rows <= 0 || cols <= 0) throw_error("matmul: bad shape " + str(rows) + " x " + str(cols));
+  const dim3 grid(grid_dim(rows, "matmul"), grid_dim((n + kTokenGroup - 1) / kTokenGroup, "matmul"));
+  dispatch_float_type(type, "matmul", [&](auto tag) {
+    using W = decltype(tag);
+    launch("launching the float matmul kernel", matmul_float_kernel<W>, grid, dim3(kBlock), 0, stream,
+           static_cast<const W*>(w), rows, cols, x, n, bias, y);
+  });
+}
+
+int64_t moe_float_workspace_bytes(int64_t max_tokens, int32_t top_k, int64_t hidden, int64_t width) {
+  return max_tokens * top_k * (width + hidden) * int64_t(sizeof(float));
+}
+
+void moe_experts_float(const MoeFloatArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.hidden <= 0 || a.width <= 0 || a.top_k <= 0 || a.top_k > a.n_experts)
+    throw_error("float MoE: bad shape (hidden " + str(a.hidden) + ", width " + str(a.width) + ", top-" +
+                str(a.top_k) + " of " + str(a.n_experts) + ")");
+  float* act = static_cast<float*>(a.workspace);
+  float* partial = act + a.n * a.top_k * a.width;
+  const unsigned pairs = grid_dim(a.n * a.top_k, "float MoE");
+  dispatch_float_type(a.type, "float MoE", [&](auto tag) {
+    using W = decltype(tag);
+    launch("launching the float MoE gate/up kernel", moe_float_gate_up_kernel<W>, dim3(grid_dim(a.width, "float MoE"), pairs),
+           dim3(kBlock), 0, stream, a, act);
+    launch("launching the float MoE down kernel", moe_float_down_kernel<W>, dim3(grid_dim(a.hidden, "float MoE"), pairs),
+           dim3(kBlock), 0, stream, a, static_cast<const float*>(act), partial);
+  });
+  launch("launching the float MoE sum kernel", moe_float_sum_kernel, dim3(blocks_for(a.n * a.hidden, 256, "float MoE")),
+         dim3(256), 0, stream, a, static_cast<const float*>(partial));
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, cudaStream_t stream) {
+  if (rows <= 0) return;
+  launch("launching the argmax kernel", argmax_kernel, dim3(grid_dim(rows, "argmax")), dim3(kBlock), 0, stream, x, cols, ids);
+}
+
+}  // namespace spill::cuda

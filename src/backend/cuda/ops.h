@@ -1,0 +1,167 @@
+// The CUDA runner's per-layer kernels other than the quantized GEMV (gemv.h) and the block-format
+// experts (moe.h): embedding rows, RMSNorm fused with the residual add, q/k norm and RoPE fused with
+// the paged-KV write, paged attention (decode and prefill in one kernel), router softmax + top-k,
+// SiLU * up, dense matmul of F32/BF16/F16 weights, the routed experts of F32/BF16/F16 weights, and
+// argmax. One canonical kernel per job; each has its CPU twin in src/backend/cpu/ (named below),
+// which tests/cuda_ops_test.cpp compares it with.
+//
+// Batch invariance: every output element is computed by a fixed sequence of operations that
+// depends only on its own row's inputs and the shapes (never on n or on the other rows), so a
+// token's result is bit-identical alone or in any batch.
+//
+// All functions enqueue on `stream` and never synchronise; pointers are device memory. Shapes are
+// checked on the host (spill::Error naming the op).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/moe.h"
+#include "core/dtype.h"
+
+namespace spill::cuda {
+
+// Largest head_dim the attention and RoPE kernels take (a lane holds head_dim / 32 values).
+constexpr int kMaxHeadDim = 256;
+
+// ---- embedding (twin: cpu::load_row) ------------------------------------------------------------
+// out[t, :] = row ids[t] of table [vocab, hidden] as f32. table: F32, BF16, F16 or Q8_0.
+bool embed_rows_supported(DType type);
+void embed_rows(const void* table, DType type, int64_t vocab, int64_t hidden, const int32_t* ids, int64_t n,
+                float* out, cudaStream_t stream);
+
+// ---- RMSNorm (twin: cpu::rmsnorm, then the residual add the CPU forward does) --------------------
+// For each output row r (input row i = rows ? rows[r] : r):
+//   if residual: x[i] += residual[i] (written back to x)
+//   out[r] = weight * (x[i] * (1 / sqrt(mean(x[i]^2) + eps)))   (mean of squares in double, as the twin)
+// out may alias x when rows is null.
+struct RmsNormArgs {
+  float* x = nullptr;               // [.., dim]
+  const float* residual = nullptr;  // [.., dim] or null
+  const int32_t* rows = nullptr;    // [n] input row per output row, or null (identity)
+  const float* weight = nullptr;    // [dim] f32
+  float* out = nullptr;             // [n, dim]
+  int64_t n = 0, dim = 0;
+  int64_t ld_x = 0, ld_out = 0;     // row strides (0: dim)
+  double eps = 1e-6;
+};
+void rmsnorm(const RmsNormArgs& args, cudaStream_t stream);
+
+// ---- q/k norm + RoPE + paged-KV write (twins: cpu::rmsnorm, cpu::apply_rope, paged_attention's store) ----
+// With q_norm/k_norm: RMSNorm of each head (norm_per_head, weights [head_dim]) or of each token's
+// whole q and k (weights [q_dim] / [kv_dim]), in place, the mean of squares in double. Then clamps q,
+// k, v to [-clip, clip] when clip > 0 (OLMoE), rotates q in place and k (rotate-half form, cos/sin
+// of position * inv_freq[i], times attention_factor), and stores k and v at their cache slots:
+// K/V pools are [slots][n_kv_heads][head_dim] in kv_type (F32 or BF16, rounded to nearest). k is
+// scratch afterwards (normed in place).
+struct RopeKvArgs {
+  float* q = nullptr;
+  float* k = nullptr;
+  const float* v = nullptr;
+  int64_t ld_q = 0, ld_k = 0, ld_v = 0;
+  const int32_t* positions = nullptr;  // [n]
+  const int64_t* slots = nullptr;      // [n] block * block_size + slot of each token
+  const float* inv_freq = nullptr;     // [head_dim / 2]
+  float attention_factor = 1.0f;
+  float clip = 0.0f;
+  const float* q_norm = nullptr;  // null: no q/k norm
+  const float* k_norm = nullptr;
+  bool norm_per_head = true;
+  double norm_eps = 1e-6;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType kv_type = DType::BF16;
+  int64_t n = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream);
+
+// ---- paged attention (twin: cpu::paged_attention's attend) ---------------------------------------
+// For token t (query q[t], position positions[t]) and head h: causal softmax attention over the
+// positions 0..positions[t] of its sequence, read from the paged cache through the sequence's
+// block table (block_tables + table_offset[t]). GQA: head h reads kv head h / (n_heads / n_kv_heads).
+// Decode and prefill tokens mix freely. A context is split along the sequence (flash-decoding)
+// into attention_partitions(n_pos) partitions, whose partial results are combined in a fixed
+// order: at most kMaxAttentionPartitions of at least kMinAttentionPartition positions (a multiple
+// of 32) each. The split depends on the token's own position only, so results stay batch-invariant.
+constexpr int kMinAttentionPartition = 128;
+constexpr int kMaxAttentionPartitions = 64;
+struct AttentionSplit {
+  int32_t parts, length;  // partitions, positions per partition (the last may be shorter)
+};
+__host__ __device__ inline AttentionSplit attention_split(int32_t n_pos) {
+  int32_t parts = (n_pos + kMinAttentionPartition - 1) / kMinAttentionPartition;
+  parts = parts < kMaxAttentionPartitions ? parts : kMaxAttentionPartitions;
+  if (parts < 1) parts = 1;
+  int32_t length = (n_pos + parts - 1) / parts;
+  length = (length + 31) / 32 * 32;
+  return {(n_pos + length - 1) / length, length};
+}
+struct AttentionArgs {
+  const float* q = nullptr;
+  int64_t ld_q = 0;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  DType kv_type = DType::BF16;
+  const int32_t* positions = nullptr;     // [n]
+  const int32_t* table_offset = nullptr;  // [n] where the token's block table starts in block_tables
+  const int32_t* block_tables = nullptr;
+  int32_t block_size = 16;
+  float* out = nullptr;  // [n, n_heads * head_dim]
+  int64_t n = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int32_t max_positions = 0;  // bound on positions[t] + 1 over the batch (sizes the grid)
+  int32_t min_grid_parts = 0; // at least this many partitions in the grid (a graph's fixed grid)
+  float* workspace = nullptr;  // attention_workspace_floats(...) floats
+};
+int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions);
+// Kernels paged_attention launches for a batch whose longest context is max_positions (1 or 2).
+int attention_launches(int32_t max_positions);
+void paged_attention(const AttentionArgs& args, cudaStream_t stream);
+
+// ---- router (twin: cpu::route_topk) ---------------------------------------------------------------
+// Softmax over logits [n, n_experts], top-k per row (descending; ties to the lower id), optionally
+// renormalised to sum 1. ids/weights: [n, k].
+void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
+                float* weights, cudaStream_t stream);
+
+// ---- SiLU * up (twin: cpu::swiglu_mlp's middle) ---------------------------------------------------
+// out[t, i] = silu(gate_up[t, i]) * gate_up[t, width + i] (gate and up side by side, ld = 2 width)
+// when up == null; else silu(gate[t, i]) * up[t, i] with both [n, width].
+void silu_mul(const float* gate, const float* up, int64_t n, int64_t width, float* out, cudaStream_t stream);
+
+// ---- residual add ----------------------------------------------------------------------------------
+// x[i] += y[i] for i < count.
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream);
+// y[i] += bias[i % cols] for i < rows * cols.
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// ---- dense matmul of F32/BF16/F16 weights (twin: cpu::matmul) ----------------------------------------
+// y[t, m] = sum_k x[t, k] * w[m, k] (+ bias[m]), y [n, rows], x [n, cols]. Each output is one
+// warp's fixed-order sum: lane l takes k = l, l + 32, ..., then a butterfly.
+bool matmul_float_supported(DType type);
+void matmul_float(const void* w, DType type, int64_t rows, int64_t cols, const float* x, int64_t n,
+                  const float* bias, float* y, cudaStream_t stream);
+
+// ---- routed experts of F32/BF16/F16 weights (twin: cpu::moe_experts) --------------------------------
+// Same contract as moe_experts (moe.h) for the float formats: each (token, slot) pair reads its
+// expert's rows through the table; the slots' weighted rows are added in slot order. Workspace:
+// moe_float_workspace_bytes.
+struct MoeFloatArgs {
+  const ExpertWeights* table = nullptr;  // [n_experts] device
+  DType type = DType::BF16;              // gate, up and down
+  int64_t hidden = 0, width = 0;
+  int32_t n_experts = 0, top_k = 0;
+  const float* x = nullptr;        // [n, hidden]
+  int64_t n = 0;
+  const int32_t* ids = nullptr;    // [n, top_k]
+  const float* weights = nullptr;  // [n, top_k]
+  float* out = nullptr;            // [n, hidden]
+  void* workspace = nullptr;
+};
+int64_t moe_float_workspace_bytes(int64_t max_tokens, int32_t top_k, int64_t hidden, int64_t width);
+void moe_experts_float(const MoeFloatArgs& args, cudaStream_t stream);
+
+// ---- argmax ----------------------------------------------------------------------------------------
+// ids[r] = the index of row r's largest value (the lowest index among equals; NaN never wins).
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, cudaStream_t stream);
+
+}  // namespace spill::cuda

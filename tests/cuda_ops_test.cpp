@@ -1,0 +1,685 @@
+// The CUDA runner's ops (backend/cuda/ops.h) against their CPU twins (backend/cpu/ops.h) over
+// awkward shapes: batches of 1, 3, 17, 64; widths that are not powers of two; GQA; positions that
+// cross KV blocks through shuffled block tables; contexts longer than one attention partition;
+// top-k equal to the expert count; experts that get no tokens. And batch invariance: a row's result
+// is bit-identical alone or in a batch.
+//
+// Bounds, from the arithmetic (u = 2^-24, gamma_m = m u / (1 - m u), Higham):
+//  * a dot of K f32 products summed in any order is within gamma_K * sum |x w| of the exact value,
+//    so two such sums (the kernel's and the twin's) differ by at most 2 gamma_K sum |x w|;
+//  * RMSNorm: both sum the squares in double, so the f32 scale agrees to within 1 ulp; the output
+//    to within 2^-21 |out| (the scale's ulp plus two roundings on each side);
+//  * expf (CUDA, <= 2 ulp) and std::exp (<= 1 ulp) differ by <= 3 ulp; sinf/cosf likewise;
+//  * embedding rows, argmax and the KV slots' contents (F32 cache) are exact.
+#include <gtest/gtest.h>
+
+#if SPILL_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/ops.h"
+#include "core/thread_pool.h"
+#include "cuda_test_util.h"
+#include "quant/quant.h"
+
+namespace spill {
+namespace {
+
+// A device buffer that frees itself and can be returned from a function.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (cudaMalloc(&ptr, n ? n : 16) != cudaSuccess) ptr = nullptr;
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr); }
+  void upload(const void* src, size_t n) { EXPECT_EQ(cudaMemcpy(ptr, src, n, cudaMemcpyHostToDevice), cudaSuccess); }
+  // NaN everywhere, so an element the kernel never wrote fails the comparison.
+  void poison() { EXPECT_EQ(cudaMemset(ptr, 0xFF, bytes), cudaSuccess); }
+};
+
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24
+double gamma(int64_t m) { return double(m) * kU / (1.0 - double(m) * kU); }
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = d(rng);
+  return v;
+}
+
+template <class T>
+DeviceBuffer to_device(const std::vector<T>& v) {
+  DeviceBuffer b(v.size() * sizeof(T));
+  b.upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+TensorView view(const void* data, DType t, int64_t rows, int64_t cols) {
+  TensorView v;
+  v.data = data;
+  v.dtype = t;
+  v.ndim = 2;
+  v.shape = {rows, cols, 0, 0};
+  return v;
+}
+
+// Weights of type t (F32, BF16, F16) from floats; `stored` holds the bytes.
+std::vector<uint8_t> encode(const std::vector<float>& f, DType t) {
+  std::vector<uint8_t> out(f.size() * (t == DType::F32 ? 4 : 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (t == DType::F32) std::memcpy(out.data() + 4 * i, &f[i], 4);
+    else {
+      const uint16_t h = t == DType::BF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+std::vector<float> decode(const std::vector<uint8_t>& b, DType t, int64_t rows, int64_t cols) {
+  std::vector<float> f(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) cpu::load_row(view(b.data(), t, rows, cols), r, f.data() + r * cols);
+  return f;
+}
+
+cudaStream_t s0 = nullptr;
+
+// ---- embedding -------------------------------------------------------------------------------
+
+TEST(CudaOps, EmbeddingRowsAreExactForEveryDeviceFormat) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const int64_t vocab = 37, hidden = 96;
+  const std::vector<int32_t> ids = {0, 36, 5, 5, 17, 2, 30};
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::Q8_0}) {
+    const std::vector<float> f = randn(size_t(vocab * hidden), 11);
+    std::vector<uint8_t> bytes;
+    if (t == DType::Q8_0) {
+      bytes.resize(size_t(vocab * row_bytes(t, hidden)));
+      for (int64_t r = 0; r < vocab; ++r)
+        quant::quantize_row(t, f.data() + r * hidden, bytes.data() + r * row_bytes(t, hidden), hidden);
+    } else {
+      bytes = encode(f, t);
+    }
+    DeviceBuffer table = to_device(bytes), id_d = to_device(ids), out(ids.size() * hidden * 4);
+    out.poison();
+    cuda::embed_rows(table.ptr, t, vocab, hidden, id_d.as<int32_t>(), int64_t(ids.size()), out.as<float>(), s0);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = test::download<float>(out.ptr, ids.size() * hidden);
+    std::vector<float> want(static_cast<size_t>(hidden));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      cpu::load_row(view(bytes.data(), t, vocab, hidden), ids[i], want.data());
+      for (int64_t j = 0; j < hidden; ++j) ASSERT_EQ(got[i * hidden + j], want[size_t(j)]) << dtype_name(t) << " row " << i;
+    }
+  }
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------------
+
+TEST(CudaOps, RmsNormWithResidualAndRowGatherMatchesTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  for (int64_t n : {1, 3, 17, 64}) {
+    for (int64_t dim : {64, 200, 2048}) {
+      auto x = randn(size_t(n * dim), 1 + n, 3.0f), r = randn(size_t(n * dim), 2 + dim);
+      const auto w = randn(size_t(dim), 3, 0.2f);
+      std::vector<float> wt(w);
+      for (float& v : wt) v += 1.0f;
+      DeviceBuffer xd = to_device(x), rd = to_device(r), wd = to_device(wt), out(size_t(n * dim) * 4);
+      // Gather the rows in reverse.
+      std::vector<int32_t> rows(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = int32_t(n - 1 - i);
+      DeviceBuffer rows_d = to_device(rows);
+      cuda::rmsnorm({.x = xd.as<float>(), .residual = rd.as<float>(), .rows = rows_d.as<int32_t>(),
+                     .weight = wd.as<float>(), .out = out.as<float>(), .n = n, .dim = dim, .eps = 1e-6},
+                    s0);
+      CUDA_OK(cudaDeviceSynchronize());
+      for (size_t i = 0; i < x.size(); ++i) x[i] += r[i];
+      const auto x_got = test::download<float>(xd.ptr, x.size());
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x_got[i], x[i]) << "residual add is exact";
+      std::vector<float> want(x.size());
+      cpu::rmsnorm(x.data(), n, dim, view(wt.data(), DType::F32, 1, dim), 1e-6, want.data());
+      const auto got = test::download<float>(out.ptr, x.size());
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < dim; ++j) {
+          const float ref = want[size_t((n - 1 - i) * dim + j)];
+          ASSERT_NEAR(got[size_t(i * dim + j)], ref, std::ldexp(std::fabs(ref), -21)) << n << "x" << dim;
+        }
+    }
+  }
+}
+
+// The q/k norm fused into the RoPE kernel, isolated by a zero frequency table (cos 1, sin 0: the
+// rotation is exact), so q and the stored k are the normed values.
+TEST(CudaOps, QkNormPerHeadAndWholeProjectionMatchTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const int64_t n = 17, nh = 6, nkv = 2, D = 48, ld_q = nh * D + 2 * nkv * D;
+  for (bool per_head : {true, false}) {
+    auto qkv = randn(size_t(n * ld_q), 5, 2.0f);
+    const int64_t qw_len = per_head ? D : nh * D, kw_len = per_head ? D : nkv * D;
+    auto qw = randn(size_t(qw_len), 6, 0.1f), kw = randn(size_t(kw_len), 7, 0.1f);
+    for (float& v : qw) v += 1;
+    for (float& v : kw) v += 1;
+    std::vector<int32_t> positions(static_cast<size_t>(n));
+    std::vector<int64_t> slots(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = int32_t(t * 3), slots[size_t(t)] = n - 1 - t;
+    DeviceBuffer d = to_device(qkv), qwd = to_device(qw), kwd = to_device(kw), pd = to_device(positions),
+                 sd = to_device(slots), inv = to_device(std::vector<float>(size_t(D / 2), 0.0f)),
+                 kc(size_t(n * nkv * D) * 4), vc(size_t(n * nkv * D) * 4);
+    float* q = d.as<float>();
+    cuda::rope_kv_write({.q = q, .k = q + nh * D, .v = q + (nh + nkv) * D, .ld_q = ld_q, .ld_k = ld_q, .ld_v = ld_q,
+                         .positions = pd.as<int32_t>(), .slots = sd.as<int64_t>(), .inv_freq = inv.as<float>(),
+                         .q_norm = qwd.as<float>(), .k_norm = kwd.as<float>(), .norm_per_head = per_head,
+                         .norm_eps = 1e-6, .k_cache = kc.ptr, .v_cache = vc.ptr, .kv_type = DType::F32, .n = n,
+                         .n_heads = nh, .n_kv_heads = nkv, .head_dim = D},
+                        s0);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = test::download<float>(d.ptr, qkv.size());
+    const auto k_stored = test::download<float>(kc.ptr, size_t(n * nkv * D));
+    const auto v_stored = test::download<float>(vc.ptr, size_t(n * nkv * D));
+    std::vector<float> qr(size_t(n * nh * D)), kr(size_t(n * nkv * D));
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(qkv.begin() + t * ld_q, nh * D, qr.begin() + t * nh * D);
+      std::copy_n(qkv.begin() + t * ld_q + nh * D, nkv * D, kr.begin() + t * nkv * D);
+    }
+    if (per_head) {
+      cpu::rmsnorm(qr.data(), n * nh, D, view(qw.data(), DType::F32, 1, D), 1e-6, qr.data());
+      cpu::rmsnorm(kr.data(), n * nkv, D, view(kw.data(), DType::F32, 1, D), 1e-6, kr.data());
+    } else {
+      cpu::rmsnorm(qr.data(), n, nh * D, view(qw.data(), DType::F32, 1, nh * D), 1e-6, qr.data());
+      cpu::rmsnorm(kr.data(), n, nkv * D, view(kw.data(), DType::F32, 1, nkv * D), 1e-6, kr.data());
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < nh * D; ++j) {
+        const float ref = qr[size_t(t * nh * D + j)];
+        ASSERT_NEAR(got[size_t(t * ld_q + j)], ref, std::ldexp(std::fabs(ref), -21)) << "q " << t << " " << j;
+      }
+      const int64_t slot = n - 1 - t;
+      for (int64_t j = 0; j < nkv * D; ++j) {
+        const float ref = kr[size_t(t * nkv * D + j)];
+        ASSERT_NEAR(k_stored[size_t(slot * nkv * D + j)], ref, std::ldexp(std::fabs(ref), -21)) << "k " << t << " " << j;
+        ASSERT_EQ(v_stored[size_t(slot * nkv * D + j)], qkv[size_t(t * ld_q + (nh + nkv) * D + j)]) << "v is stored as is";
+      }
+    }
+  }
+}
+
+// ---- RoPE + KV write and attention -------------------------------------------------------------
+
+struct AttnCase {
+  int64_t n_heads, n_kv_heads, head_dim;
+  int32_t block_size;
+  std::vector<std::pair<int32_t, int32_t>> chunks;  // (start_pos, n_tokens) per sequence
+  DType kv_type;
+};
+
+// Runs cpu::apply_rope + cpu::paged_attention and the CUDA rope_kv_write + paged_attention on the
+// same inputs (positions before start_pos are written by an earlier call of both), and compares.
+void run_attention_case(const AttnCase& c, uint64_t seed) {
+  const int64_t nh = c.n_heads, nkv = c.n_kv_heads, D = c.head_dim, Q = nh * D, KV = nkv * D;
+  const int32_t bs = c.block_size;
+  int32_t max_len = 0;
+  for (auto [s, n] : c.chunks) max_len = std::max(max_len, s + n);
+  const int32_t blocks_per_seq = (max_len + bs - 1) / bs;
+  const int32_t n_blocks = blocks_per_seq * int32_t(c.chunks.size()) + 3;
+  // Shuffled block tables: block ids far apart and out of order.
+  std::vector<int32_t> pool(static_cast<size_t>(n_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), std::mt19937(uint32_t(seed)));
+  std::vector<std::vector<int32_t>> tables;
+  for (size_t s = 0; s < c.chunks.size(); ++s)
+    tables.emplace_back(pool.begin() + s * blocks_per_seq, pool.begin() + (s + 1) * blocks_per_seq);
+
+  RopeSpec rope;
+  rope.theta = 10000.0;
+  const cpu::RopeTable table = cpu::make_rope_table(rope, D);
+  ThreadPool tp(2);
+  std::vector<float> kc(size_t(n_blocks) * bs * KV, 0.0f), vc(kc.size(), 0.0f);
+  const cpu::PagedKv cpu_kv{kc.data(), vc.data(), bs, nkv, D};
+  const size_t elem = c.kv_type == DType::F32 ? 4 : 2;
+  DeviceBuffer kd(kc.size() * elem), vd(kc.size() * elem), inv = to_device(table.inv_freq);
+  CUDA_OK(cudaMemset(kd.ptr, 0, kd.bytes));
+  CUDA_OK(cudaMemset(vd.ptr, 0, vd.bytes));
+
+  // Two phases: the cached prefix (positions < start_pos), then the step itself.
+  std::vector<float> step_q_rot, step_out_cpu;
+  std::vector<float> gpu_out;
+  std::vector<int32_t> step_pos;
+  std::vector<float> step_k, step_v;
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<cpu::AttentionChunk> chunks;
+    std::vector<int32_t> positions, table_off, flat;
+    std::vector<int64_t> slots;
+    int32_t first = 0;
+    for (size_t s = 0; s < c.chunks.size(); ++s) {
+      const auto [start, count] = c.chunks[s];
+      const int32_t p0 = phase == 0 ? 0 : start, cnt = phase == 0 ? start : count;
+      if (cnt == 0) continue;
+      chunks.push_back({first, cnt, p0, tables[s]});
+      const int32_t off = int32_t(flat.size());
+      flat.insert(flat.end(), tables[s].begin(), tables[s].end());
+      for (int32_t i = 0; i < cnt; ++i) {
+        const int32_t p = p0 + i;
+        positions.push_back(p);
+        table_off.push_back(off);
+        slots.push_back(int64_t(tables[s][size_t(p / bs)]) * bs + p % bs);
+      }
+      first += cnt;
+    }
+    const int64_t n = first;
+    if (n == 0) continue;
+    auto q = randn(size_t(n * Q), seed * 7 + phase, 1.5f), k = randn(size_t(n * KV), seed * 7 + 3 + phase, 1.5f),
+         v = randn(size_t(n * KV), seed * 7 + 5 + phase);
+    // GPU
+    DeviceBuffer qd = to_device(q), kk = to_device(k), vv = to_device(v), pd = to_device(positions),
+                 sd = to_device(slots), od = to_device(table_off), fd = to_device(flat), out(size_t(n * Q) * 4);
+    out.poison();
+    cuda::rope_kv_write({.q = qd.as<float>(), .k = kk.as<float>(), .v = vv.as<float>(), .ld_q = Q, .ld_k = KV,
+                         .ld_v = KV, .positions = pd.as<int32_t>(), .slots = sd.as<int64_t>(),
+                         .inv_freq = inv.as<float>(), .attention_factor = table.attention_factor, .clip = 0.0f,
+                         .k_cache = kd.ptr, .v_cache = vd.ptr, .kv_type = c.kv_type, .n = n, .n_heads = nh,
+                         .n_kv_heads = nkv, .head_dim = D},
+                        s0);
+    const int32_t max_pos = *std::max_element(positions.begin(), positions.end()) + 1;
+    DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, nh, D, max_pos), 1)) * 4);
+    cuda::paged_attention({.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr, .kv_type = c.kv_type,
+                           .positions = pd.as<int32_t>(), .table_offset = od.as<int32_t>(),
+                           .block_tables = fd.as<int32_t>(), .block_size = bs, .out = out.as<float>(), .n = n,
+                           .n_heads = nh, .n_kv_heads = nkv, .head_dim = D, .max_positions = max_pos,
+                           .workspace = ws.as<float>()},
+                          s0);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto q_gpu = test::download<float>(qd.ptr, q.size());
+    const std::vector<float> q_in(q), k_in(k);
+    cpu::apply_rope(table, q.data(), n, nh, D, positions.data());
+    cpu::apply_rope(table, k.data(), n, nkv, D, positions.data());
+    // The rotation's bound: cos and sin 3 ulp apart (<= 3 * 2^-23 each), then a product each and
+    // one subtraction per side: |d| <= (|x0| + |x1|) (3 * 2^-23 + 3 * 2^-23) < 2^-19 (|x0| + |x1|).
+    auto rope_bound = [&](const std::vector<float>& in, size_t i) {
+      const int64_t d = int64_t(i) % D, half = D / 2;
+      const size_t pair = d < half ? i + size_t(half) : i - size_t(half);
+      return std::ldexp(std::fabs(in[i]) + std::fabs(in[pair]), -19) + 1e-37;
+    };
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(q_gpu[i], q[i], rope_bound(q_in, i)) << "q element " << i;
+    std::vector<float> cpu_out(size_t(n * Q));
+    if (c.kv_type == DType::BF16) {
+      // The twin attends over what the GPU cache holds: bf16 of the GPU's rotated k (and of v).
+      const size_t total = kc.size();
+      std::vector<uint16_t> kb(total), vb(total);
+      CUDA_OK(cudaMemcpy(kb.data(), kd.ptr, total * 2, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(vb.data(), vd.ptr, total * 2, cudaMemcpyDeviceToHost));
+      // Check the step's stored values against the twin's rotation, rounded to bf16.
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < KV; ++j) {
+          const float kg = bf16_to_f32(kb[size_t(slots[size_t(t)] * KV + j)]);
+          const float vg = bf16_to_f32(vb[size_t(slots[size_t(t)] * KV + j)]);
+          // The f32 rotation's bound, then bf16 rounding (half an ulp of 8 significant bits: 2^-8 relative).
+          ASSERT_NEAR(kg, k[size_t(t * KV + j)],
+                      rope_bound(k_in, size_t(t * KV + j)) * 1.01 + std::ldexp(std::fabs(kg), -8));
+          ASSERT_EQ(vg, bf16_to_f32(f32_to_bf16(v[size_t(t * KV + j)])));
+        }
+      for (size_t i = 0; i < total; ++i) {
+        kc[i] = bf16_to_f32(kb[i]);
+        vc[i] = bf16_to_f32(vb[i]);
+      }
+      // The twin writes its own k and v again: give it the GPU's stored values for this step.
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < KV; ++j) {
+          k[size_t(t * KV + j)] = kc[size_t(slots[size_t(t)] * KV + j)];
+          v[size_t(t * KV + j)] = vc[size_t(slots[size_t(t)] * KV + j)];
+        }
+    } else {
+      std::vector<float> kg(kc.size());
+      CUDA_OK(cudaMemcpy(kg.data(), kd.ptr, kg.size() * 4, cudaMemcpyDeviceToHost));
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < KV; ++j) {
+          const float ref = k[size_t(t * KV + j)];
+          const size_t at = size_t(slots[size_t(t)] * KV + j);
+          ASSERT_NEAR(kg[at], ref, rope_bound(k_in, size_t(t * KV + j))) << "stored k";
+          // Attend over the GPU's values so the comparison isolates the attention kernel.
+          k[size_t(t * KV + j)] = kg[at];
+        }
+    }
+    // The twin's q: the GPU's rotated q (isolating attention from rope).
+    cpu::paged_attention(tp, cpu_kv, chunks, q_gpu.data(), k.data(), v.data(), nh, cpu_out.data());
+    if (phase == 1) {
+      const auto got = test::download<float>(out.ptr, size_t(n * Q));
+      // Bound per (token, head): scores differ by ds <= 2 gamma_D sum_d |q k| / sqrt(D); the
+      // weights relatively by 2 ds + the exp/sum roundings; the output by that times max |v|.
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < nh; ++h) {
+          const int64_t kvh = h / (nh / nkv);
+          const cpu::AttentionChunk* ch = nullptr;
+          for (const auto& cc : chunks)
+            if (t >= cc.first_token && t < cc.first_token + cc.n_tokens) ch = &cc;
+          const int32_t n_pos = positions[size_t(t)] + 1;
+          double max_qk = 0, max_v = 0;
+          for (int32_t p = 0; p < n_pos; ++p) {
+            const float* kp = cpu_kv.k_at(ch->block_table[size_t(p / bs)], p % bs) + kvh * D;
+            const float* vp = cpu_kv.v_at(ch->block_table[size_t(p / bs)], p % bs) + kvh * D;
+            double s = 0;
+            for (int64_t d = 0; d < D; ++d) {
+              s += std::fabs(double(q_gpu[size_t((t * nh + h) * D + d)]) * kp[d]);
+              max_v = std::max(max_v, std::fabs(double(vp[d])));
+            }
+            max_qk = std::max(max_qk, s / std::sqrt(double(D)));
+          }
+          const double ds = 2 * gamma(D + 2) * max_qk;
+          const double rel = 4 * ds + 2 * gamma(2 * n_pos + 16) + 16 * kU;
+          for (int64_t d = 0; d < D; ++d) {
+            const size_t i = size_t((t * nh + h) * D + d);
+            ASSERT_NEAR(got[i], cpu_out[i], rel * max_v + 1e-30)
+                << "token " << t << " head " << h << " d " << d << " n_pos " << n_pos;
+          }
+        }
+      gpu_out = got;
+    }
+  }
+}
+
+TEST(CudaOps, AttentionDecodeAndPrefillMatchTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // Decode-only batches of 1, 3, 17 sequences (GQA 8 over 2), block boundaries everywhere.
+  run_attention_case({8, 2, 64, 16, {{15, 1}}, DType::F32}, 1);
+  run_attention_case({8, 2, 64, 16, {{16, 1}, {31, 1}, {3, 1}}, DType::F32}, 2);
+  {
+    AttnCase c{4, 4, 16, 4, {}, DType::F32};
+    for (int i = 0; i < 17; ++i) c.chunks.push_back({i * 5 + 1, 1});
+    run_attention_case(c, 3);
+  }
+  // Prefill chunks (one fresh, one continuing) mixed with decodes; head_dim 80 (not a power of 2).
+  run_attention_case({6, 3, 80, 8, {{0, 23}, {9, 1}, {40, 17}, {7, 1}}, DType::F32}, 4);
+  // A batch of 64 decodes.
+  {
+    AttnCase c{4, 2, 32, 16, {}, DType::F32};
+    for (int i = 0; i < 64; ++i) c.chunks.push_back({(i * 37) % 300, 1});
+    run_attention_case(c, 5);
+  }
+}
+
+TEST(CudaOps, AttentionOverSeveralPartitionsMatchesTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // Contexts of 1, 2 and many partitions, at the edges of the split, up to the partition cap
+  // (longer partitions past kMaxAttentionPartitions * kMinAttentionPartition positions).
+  const int32_t P = cuda::kMinAttentionPartition, M = cuda::kMaxAttentionPartitions * P;
+  ASSERT_EQ(cuda::attention_split(P).parts, 1);
+  ASSERT_EQ(cuda::attention_split(P + 1).parts, 2);
+  // Past the cap the partitions lengthen (to a multiple of 32, so their count may fall below the cap);
+  // every split covers its positions with no empty partition.
+  for (int32_t n_pos : {1, 31, P, P + 1, 3 * P + 7, M - 1, M, M + 1000, 4 * M + 3})
+    for (const cuda::AttentionSplit sp : {cuda::attention_split(n_pos)}) {
+      ASSERT_LE(sp.parts, cuda::kMaxAttentionPartitions) << n_pos;
+      ASSERT_EQ(sp.length % 32, 0) << n_pos;
+      ASSERT_LT(int64_t(sp.parts - 1) * sp.length, n_pos) << n_pos;
+      ASSERT_GE(int64_t(sp.parts) * sp.length, n_pos) << n_pos;
+    }
+  run_attention_case({4, 1, 128, 16, {{P - 1, 1}, {P, 1}, {2 * P + 37, 1}, {P - 5, 9}, {M + 999, 1}}, DType::F32}, 6);
+  run_attention_case({4, 2, 64, 16, {{3 * P + 7, 1}, {M - 1, 2}}, DType::BF16}, 9);
+}
+
+TEST(CudaOps, AttentionOverABf16CacheMatchesTheTwinOnTheStoredValues) {
+  SPILL_SKIP_WITHOUT_GPU();
+  run_attention_case({8, 2, 64, 16, {{0, 19}, {33, 1}, {70, 5}}, DType::BF16}, 7);
+}
+
+TEST(CudaOps, AttentionIsBatchInvariant) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // One decode token at position 700 over a cache of random values: alone, then as row 5 of 9.
+  const int64_t nh = 8, nkv = 2, D = 64, Q = nh * D, KV = nkv * D;
+  const int32_t bs = 16, n_blocks = 64;
+  auto kc = randn(size_t(n_blocks * bs * KV), 21), vc = randn(size_t(n_blocks * bs * KV), 22);
+  DeviceBuffer kd = to_device(kc), vd = to_device(vc);
+  std::vector<int32_t> table(n_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::reverse(table.begin(), table.end());
+  DeviceBuffer td = to_device(table);
+  auto run = [&](const std::vector<int32_t>& positions, const std::vector<float>& q) {
+    const int64_t n = int64_t(positions.size());
+    std::vector<int32_t> offs(size_t(n), 0);
+    DeviceBuffer qd = to_device(q), pd = to_device(positions), od = to_device(offs), out(size_t(n * Q) * 4);
+    const int32_t mp = *std::max_element(positions.begin(), positions.end()) + 1;
+    DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, nh, D, mp), 1)) * 4);
+    cuda::paged_attention({.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr, .kv_type = DType::F32,
+                           .positions = pd.as<int32_t>(), .table_offset = od.as<int32_t>(), .block_tables = td.as<int32_t>(),
+                           .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh, .n_kv_heads = nkv,
+                           .head_dim = D, .max_positions = mp, .workspace = ws.as<float>()},
+                          s0);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return test::download<float>(out.ptr, size_t(n * Q));
+  };
+  const auto q_all = randn(size_t(9 * Q), 23);
+  const std::vector<int32_t> pos_all = {3, 100, 127, 128, 1000, 700, 5, 900, 64};
+  const auto batched = run(pos_all, q_all);
+  const auto alone = run({700}, std::vector<float>(q_all.begin() + 5 * Q, q_all.begin() + 6 * Q));
+  ASSERT_EQ(0, std::memcmp(alone.data(), batched.data() + 5 * Q, size_t(Q) * 4));
+  // One query head per block instead of the GQA group's 4: the same bits.
+  setenv("SPILL_CUDA_ATTN_HEADS", "1", 1);
+  const auto one_head = run(pos_all, q_all);
+  unsetenv("SPILL_CUDA_ATTN_HEADS");
+  ASSERT_EQ(0, std::memcmp(one_head.data(), batched.data(), batched.size() * 4));
+}
+
+// ---- router ----------------------------------------------------------------------------------
+
+TEST(CudaOps, RouterTopKMatchesTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t n, E, k;
+    bool renorm;
+  };
+  for (const Case& c : {Case{1, 8, 2, true}, Case{3, 128, 8, true}, Case{17, 60, 4, false}, Case{64, 16, 16, true},
+                        Case{5, 1, 1, false}, Case{9, 257, 7, true}}) {
+    const auto logits = randn(size_t(c.n * c.E), uint64_t(c.n * 131 + c.E), 2.0f);
+    DeviceBuffer ld = to_device(logits), ids(size_t(c.n * c.k) * 4), ws(size_t(c.n * c.k) * 4);
+    cuda::route_topk(ld.as<float>(), c.n, c.E, c.k, c.renorm, ids.as<int32_t>(), ws.as<float>(), s0);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int32_t> want_ids(size_t(c.n * c.k));
+    std::vector<float> want_w(size_t(c.n * c.k));
+    cpu::route_topk(logits.data(), c.n, c.E, c.k, c.renorm, want_ids.data(), want_w.data());
+    const auto got_ids = test::download<int32_t>(ids.ptr, want_ids.size());
+    const auto got_w = test::download<float>(ws.ptr, want_w.size());
+    // Probabilities: exp (3 ulp apart), the sum (gamma_E each side), the division: relative
+    // 2 gamma_E + 8u; renormalised: twice that plus the top-k sum's 2 gamma_k.
+    const double rel = 2 * (2 * gamma(c.E) + 8 * kU) + 2 * gamma(c.k);
+    for (size_t i = 0; i < want_ids.size(); ++i) {
+      ASSERT_EQ(got_ids[i], want_ids[i]) << "n " << c.n << " E " << c.E << " entry " << i;
+      ASSERT_NEAR(got_w[i], want_w[i], rel * want_w[i]);
+    }
+  }
+}
+
+// ---- dense float matmul ---------------------------------------------------------------------
+
+TEST(CudaOps, FloatMatmulMatchesTheTwinAndIsBatchInvariant) {
+  SPILL_SKIP_WITHOUT_GPU();
+  ThreadPool tp(2);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    for (int64_t n : {1, 3, 17, 64}) {
+      const int64_t rows = 75, cols = 200;
+      const std::vector<uint8_t> w = encode(randn(size_t(rows * cols), 31, 0.1f), t);
+      const std::vector<float> wf = decode(w, t, rows, cols);
+      const auto x = randn(size_t(n * cols), 32 + n), bias = randn(size_t(rows), 33);
+      DeviceBuffer wd = to_device(w), xd = to_device(x), bd = to_device(bias), y(size_t(n * rows) * 4);
+      cuda::matmul_float(wd.ptr, t, rows, cols, xd.as<float>(), n, bd.as<float>(), y.as<float>(), s0);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto got = test::download<float>(y.ptr, size_t(n * rows));
+      std::vector<float> want(size_t(n * rows));
+      const std::vector<float> bias_copy(bias);
+      const TensorView bv = view(bias_copy.data(), DType::F32, 1, rows);
+      cpu::matmul(tp, x.data(), n, view(w.data(), t, rows, cols), want.data(), &bv);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t m = 0; m < rows; ++m) {
+          double mag = 0;
+          for (int64_t k = 0; k < cols; ++k) mag += std::fabs(double(x[size_t(i * cols + k)]) * wf[size_t(m * cols + k)]);
+          const double tol = 2 * gamma(cols + 1) * mag + 2 * kU * std::fabs(bias[size_t(m)]);
+          ASSERT_NEAR(got[size_t(i * rows + m)], want[size_t(i * rows + m)], tol) << dtype_name(t) << " n " << n;
+        }
+      // Row n-1 alone gives the same bits.
+      DeviceBuffer x1 = to_device(std::vector<float>(x.end() - cols, x.end())), y1(size_t(rows) * 4);
+      cuda::matmul_float(wd.ptr, t, rows, cols, x1.as<float>(), 1, bd.as<float>(), y1.as<float>(), s0);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto alone = test::download<float>(y1.ptr, size_t(rows));
+      ASSERT_EQ(0, std::memcmp(alone.data(), got.data() + (n - 1) * rows, size_t(rows) * 4));
+    }
+  }
+}
+
+// ---- SiLU * up, argmax -------------------------------------------------------------------------
+
+TEST(CudaOps, SiluMulMatchesTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const int64_t n = 17, width = 96;
+  const auto gu = randn(size_t(n * 2 * width), 41, 3.0f);
+  DeviceBuffer gd = to_device(gu), out(size_t(n * width) * 4);
+  cuda::silu_mul(gd.as<float>(), nullptr, n, width, out.as<float>(), s0);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = test::download<float>(out.ptr, size_t(n * width));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < width; ++i) {
+      const float g = gu[size_t(t * 2 * width + i)], u = gu[size_t(t * 2 * width + width + i)];
+      const float want = g / (1.0f + std::exp(-g)) * u;  // cpu::swiglu_mlp's expression
+      // exp 3 ulp (6u relative) apart and the add's rounding on each side: 1 + e within 8u
+      // relative; then the division and the product, one rounding each side: 12u.
+      ASSERT_NEAR(got[size_t(t * width + i)], want, 12 * kU * std::fabs(want) + 1e-38);
+    }
+}
+
+TEST(CudaOps, ArgmaxTakesTheLowestIndexAmongEquals) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const int64_t rows = 5, cols = 1001;
+  auto x = randn(size_t(rows * cols), 51);
+  x[size_t(1 * cols + 700)] = 9.0f;
+  x[size_t(1 * cols + 300)] = 9.0f;  // tie: 300 wins
+  x[size_t(2 * cols + 1000)] = 50.0f;
+  for (int64_t j = 0; j < cols; ++j) x[size_t(3 * cols + j)] = -INFINITY;
+  DeviceBuffer xd = to_device(x), ids(size_t(rows) * 4);
+  cuda::argmax_rows(xd.as<float>(), rows, cols, ids.as<int32_t>(), s0);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = test::download<int32_t>(ids.ptr, size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t want = 0;
+    for (int64_t j = 1; j < cols; ++j)
+      if (x[size_t(r * cols + j)] > x[size_t(r * cols + want)]) want = int32_t(j);
+    ASSERT_EQ(got[size_t(r)], want) << "row " << r;
+  }
+}
+
+// ---- float experts ---------------------------------------------------------------------------
+
+TEST(CudaOps, FloatExpertsMatchTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  ThreadPool tp(2);
+  const int64_t H = 96, I = 40;
+  const int32_t E = 6;
+  for (DType t : {DType::BF16, DType::F32}) {
+    for (int64_t n : {1, 3, 17}) {
+      for (int32_t k : {2, E}) {
+        std::vector<std::vector<uint8_t>> g, u, d;
+        std::vector<TensorView> views;
+        views.reserve(size_t(3 * E));
+        for (int32_t e = 0; e < E; ++e) {
+          g.push_back(encode(randn(size_t(I * H), 100 + e, 0.1f), t));
+          u.push_back(encode(randn(size_t(I * H), 200 + e, 0.1f), t));
+          d.push_back(encode(randn(size_t(H * I), 300 + e, 0.15f), t));
+        }
+        std::vector<cpu::ExpertView> ev;
+        std::vector<cuda::ExpertWeights> table;
+        for (int32_t e = 0; e < E; ++e) {
+          views.push_back(view(g[size_t(e)].data(), t, I, H));
+          views.push_back(view(u[size_t(e)].data(), t, I, H));
+          views.push_back(view(d[size_t(e)].data(), t, H, I));
+        }
+        for (int32_t e = 0; e < E; ++e) ev.push_back({&views[size_t(3 * e)], &views[size_t(3 * e + 1)], &views[size_t(3 * e + 2)]});
+        std::vector<std::unique_ptr<DeviceBuffer>> owned;
+        for (int32_t e = 0; e < E; ++e) {
+          owned.push_back(std::make_unique<DeviceBuffer>(g[size_t(e)].size()));
+          owned.back()->upload(g[size_t(e)].data(), g[size_t(e)].size());
+          owned.push_back(std::make_unique<DeviceBuffer>(u[size_t(e)].size()));
+          owned.back()->upload(u[size_t(e)].data(), u[size_t(e)].size());
+          owned.push_back(std::make_unique<DeviceBuffer>(d[size_t(e)].size()));
+          owned.back()->upload(d[size_t(e)].data(), d[size_t(e)].size());
+          table.push_back({owned[owned.size() - 3]->ptr, owned[owned.size() - 2]->ptr, owned.back()->ptr});
+        }
+        // Routing: expert 4 never chosen when k < E (an expert with no tokens).
+        const auto x = randn(size_t(n * H), 400 + n);
+        std::vector<int32_t> ids(size_t(n * k));
+        std::vector<float> w(size_t(n * k));
+        std::mt19937 rng(uint32_t(n * 10 + k));
+        for (int64_t i = 0; i < n; ++i) {
+          std::vector<int32_t> order = {0, 1, 2, 3, 5, 4};
+          std::shuffle(order.begin(), order.begin() + (k < E ? 5 : 6), rng);
+          for (int32_t j = 0; j < k; ++j) {
+            ids[size_t(i * k + j)] = order[size_t(j)];
+            w[size_t(i * k + j)] = 1.0f / float(j + 2);
+          }
+        }
+        DeviceBuffer td = to_device(table), xd = to_device(x), idd = to_device(ids), wd = to_device(w),
+                     out(size_t(n * H) * 4), ws(size_t(cuda::moe_float_workspace_bytes(n, k, H, I)));
+        cuda::moe_experts_float({.table = td.as<cuda::ExpertWeights>(), .type = t, .hidden = H, .width = I,
+                                 .n_experts = E, .top_k = k, .x = xd.as<float>(), .n = n, .ids = idd.as<int32_t>(),
+                                 .weights = wd.as<float>(), .out = out.as<float>(), .workspace = ws.ptr},
+                                s0);
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto got = test::download<float>(out.ptr, size_t(n * H));
+        std::vector<float> want(size_t(n * H));
+        cpu::moe_experts(tp, x.data(), n, H, k, ids.data(), w.data(), ev, want.data());
+        // Bound per output: every stage's two sums are 2 gamma apart relative to their absolute
+        // sums; silu and the product add 14u (SiluMul's bound); computed in double.
+        for (int64_t i = 0; i < n; ++i) {
+          std::vector<double> mag(size_t(H), 0.0), sum_abs(size_t(H), 0.0);
+          for (int32_t j = 0; j < k; ++j) {
+            const int32_t e = ids[size_t(i * k + j)];
+            const auto gf = decode(g[size_t(e)], t, I, H), uf = decode(u[size_t(e)], t, I, H),
+                       df = decode(d[size_t(e)], t, H, I);
+            std::vector<double> h_abs(static_cast<size_t>(I)), dh(static_cast<size_t>(I));
+            for (int64_t r = 0; r < I; ++r) {
+              double gv = 0, uv = 0, ga = 0, ua = 0;
+              for (int64_t c = 0; c < H; ++c) {
+                const double xv = x[size_t(i * H + c)];
+                gv += xv * gf[size_t(r * H + c)];
+                uv += xv * uf[size_t(r * H + c)];
+                ga += std::fabs(xv * gf[size_t(r * H + c)]);
+                ua += std::fabs(xv * uf[size_t(r * H + c)]);
+              }
+              const double sg = gv / (1 + std::exp(-gv));
+              const double dg = 2 * gamma(H) * ga, du = 2 * gamma(H) * ua;
+              h_abs[size_t(r)] = std::fabs(sg * uv);
+              dh[size_t(r)] = 1.1 * dg * (std::fabs(uv) + du) + (std::fabs(sg) + 1.1 * dg) * du + 14 * kU * h_abs[size_t(r)];
+            }
+            for (int64_t c = 0; c < H; ++c) {
+              double a = 0, y = 0;
+              for (int64_t r = 0; r < I; ++r) {
+                a += std::fabs(df[size_t(c * I + r)]) * (dh[size_t(r)] + 2 * gamma(I) * (h_abs[size_t(r)] + dh[size_t(r)]));
+                y += std::fabs(df[size_t(c * I + r)]) * h_abs[size_t(r)];
+              }
+              // The weight's product: one rounding each side.
+              mag[size_t(c)] += w[size_t(i * k + j)] * (a + 2 * kU * y);
+              sum_abs[size_t(c)] += w[size_t(i * k + j)] * (y + a);
+            }
+          }
+          for (int64_t c = 0; c < H; ++c) {
+            const float ref = want[size_t(i * H + c)];
+            // The slot sums (k terms, different orders): 2 gamma_k sum_j w_j |y_j|.
+            ASSERT_NEAR(got[size_t(i * H + c)], ref, mag[size_t(c)] + 2 * gamma(k) * sum_abs[size_t(c)] + 1e-30)
+                << dtype_name(t) << " n " << n << " k " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace spill
+
+#else
+TEST(CudaOps, SkippedWithoutCuda) { GTEST_SKIP() << "spill was built without CUDA"; }
+#endif

@@ -1,0 +1,524 @@
+// The CUDA runner end to end against the CPU runner (src/model/decoder.cpp), the reference: the
+// same steps on both, logits compared within a bound from the arithmetic, greedy tokens identical;
+// prefill chunks and decodes mixed in one step; shuffled block tables; batch invariance on the GPU
+// (a sequence's logits bit-identical alone or batched); bad input as spill::Error.
+//
+// The bound. Each dot product of K terms is within gamma_K sum |x w| of exact on either side, so
+// the CPU's and the GPU's differ by 2 gamma_K relative to sum |x w|. A layer chains the q/k/v,
+// attention score, attention output, o, router, gate/up and down dots; RMSNorm renormalises each
+// layer's input, so to first order their relative errors add along the chain:
+//   eps = sum over layers of sum over the chain's dots of 2 gamma_K  (+ 2 x 2^-9 per layer for a
+//   BF16 KV cache: K and V rounded once each),
+// and a logit is off by at most eps times the largest |logit| (the head's sum |x w| is of that
+// size for these models, whose logits are spread by design). A BF16 cache rounds K and V (2^-8
+// relative each): V's rounding adds 2^-8 to the attention output's relative error, K's moves every
+// score by at most 2^-8 S, S the largest sum |q k| / sqrt(D), and the softmax weights relatively by
+// twice that; with per-head RMS-normed q and k, S <= sqrt(D) max|w_q| max|w_k| (Cauchy-Schwarz).
+// Greedy picks must agree exactly.
+#include <gtest/gtest.h>
+
+#if SPILL_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_runner.h"
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "model/quantize_on_load.h"
+#include "model/runner.h"
+#include "test_models.h"
+
+namespace spill {
+namespace {
+
+using testing::RandomModelParams;
+using testing::TempDir;
+using testing::write_random_model;
+
+constexpr double kU = 1.0 / 16777216.0;
+double gamma(int64_t m) { return double(m) * kU / (1.0 - double(m) * kU); }
+
+// The bound on a score, S above, from the model's q/k norm weights (per-head norms only).
+double score_bound(const Model& m) {
+  const ModelSpec& s = m.spec();
+  double wq = 0, wk = 0;
+  std::vector<float> row(static_cast<size_t>(s.head_dim));
+  for (const LayerWeights& l : m.layers) {
+    if (s.qk_norm != QkNorm::PerHead) fail("score_bound: needs per-head q/k norms");
+    for (auto [t, w] : {std::pair{&l.q_norm, &wq}, std::pair{&l.k_norm, &wk}}) {
+      TensorView v = *t;
+      v.ndim = 2;
+      v.shape = {1, s.head_dim, 0, 0};
+      cpu::load_row(v, 0, row.data());
+      for (float f : row) *w = std::max(*w, double(std::fabs(f)));
+    }
+  }
+  return std::sqrt(double(s.head_dim)) * wq * wk;
+}
+
+double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv, double score = 0) {
+  const int64_t H = s.hidden_size, D = s.head_dim;
+  const int64_t I = std::max(s.intermediate_size, s.moe_intermediate_size);
+  double per_layer = 2 * (gamma(H) + gamma(D) + gamma(max_positions + 32) + gamma(s.q_dim()) + gamma(H) + gamma(H) +
+                          gamma(I) + gamma(std::max<int64_t>(s.n_experts_per_token, 1)));
+  if (kv == DType::BF16) {
+    if (score <= 0) fail("chain_eps: a BF16 cache needs the score bound");
+    per_layer += std::ldexp(1.0, -8) * (1 + 2 * score);
+  }
+  return double(s.n_layers) * per_layer + 2 * gamma(H);
+}
+
+// One sequence's part of a step, with its own block table.
+struct Part {
+  int seq;
+  std::vector<int32_t> tokens;
+  int32_t start_pos;
+  bool want_logits = true;
+};
+
+struct Steps {
+  int32_t block_size = 4;
+  std::vector<std::vector<int32_t>> tables;  // per sequence
+  ForwardBatch make(const std::vector<Part>& parts, bool all_logits) const {
+    ForwardBatch b;
+    b.all_logits = all_logits;
+    for (const Part& p : parts) {
+      SeqChunk c;
+      c.first_token = int32_t(b.tokens.size());
+      c.n_tokens = int32_t(p.tokens.size());
+      c.start_pos = p.start_pos;
+      c.block_table = tables[size_t(p.seq)];
+      c.want_logits = p.want_logits;
+      b.tokens.insert(b.tokens.end(), p.tokens.begin(), p.tokens.end());
+      b.seqs.push_back(c);
+    }
+    return b;
+  }
+};
+
+// Block tables for n_seqs sequences of up to max_len positions: shuffled, disjoint.
+Steps make_steps(int n_seqs, int32_t max_len, int32_t block_size, int64_t* n_blocks, uint32_t seed) {
+  Steps s;
+  s.block_size = block_size;
+  const int32_t per = (max_len + block_size - 1) / block_size;
+  std::vector<int32_t> pool(size_t(per * n_seqs + 5));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), std::mt19937(seed));
+  for (int i = 0; i < n_seqs; ++i) s.tables.emplace_back(pool.begin() + i * per, pool.begin() + (i + 1) * per);
+  *n_blocks = int64_t(pool.size());
+  return s;
+}
+
+int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
+
+// Compares two logit sets; returns max |diff| / tolerance.
+double compare_logits(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t vocab, double eps,
+                      const std::string& what) {
+  EXPECT_EQ(gpu.size(), cpu.size()) << what;
+  if (gpu.size() != cpu.size()) return 1e9;
+  double worst = 0;
+  for (size_t r = 0; r * size_t(vocab) < cpu.size(); ++r) {
+    const float* c = cpu.data() + r * size_t(vocab);
+    const float* g = gpu.data() + r * size_t(vocab);
+    double max_abs = 0;
+    for (int64_t j = 0; j < vocab; ++j) max_abs = std::max(max_abs, std::fabs(double(c[j])));
+    const double tol = eps * max_abs;
+    for (int64_t j = 0; j < vocab; ++j) {
+      const double d = std::fabs(double(g[j]) - double(c[j]));
+      worst = std::max(worst, d / tol);
+      if (d > tol) {
+        ADD_FAILURE() << what << ": row " << r << " logit " << j << ": gpu " << g[j] << " cpu " << c[j] << " (tol " << tol
+                      << ")";
+        return worst;
+      }
+    }
+    EXPECT_EQ(argmax(g, vocab), argmax(c, vocab)) << what << ": greedy pick of row " << r;
+  }
+  return worst;
+}
+
+std::unique_ptr<ModelRunner> cuda_runner(const Model& m, int64_t n_blocks, int32_t bs, DType kv = DType::F32,
+                                         bool graphs = true) {
+  CudaRunnerConfig c;
+  c.kv = {.block_size = bs, .n_blocks = n_blocks};
+  c.max_batch_tokens = 256;
+  c.max_seqs = 16;
+  c.kv_dtype = kv;
+  c.cuda_graphs = graphs;
+  return make_cuda_runner(m, c);
+}
+
+class CudaRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("spill-cuda-runner-test");
+    // One dense layer and two MoE layers; hidden and widths not powers of two.
+    write_random_model(dir_->path(), RandomModelParams{.vocab_size = 300, .hidden_size = 96, .n_layers = 3,
+                                                       .n_heads = 6, .n_kv_heads = 2, .head_dim = 16,
+                                                       .n_experts = 6, .n_experts_per_token = 2,
+                                                       .moe_intermediate_size = 40, .intermediate_size = 120,
+                                                       .dense_layers = {1}, .seed = 5});
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    SPILL_SKIP_WITHOUT_GPU();
+    cpu::set_activation_mode(cpu::ActivationMode::F32);
+  }
+  static inline TempDir* dir_ = nullptr;
+};
+
+TEST_F(CudaRunnerTest, PrefillLogitsMatchTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  for (DType kv : {DType::F32, DType::BF16}) {
+    int64_t n_blocks = 0;
+    Steps s = make_steps(1, 64, 4, &n_blocks, 3);
+    auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
+    auto gpu = cuda_runner(*model, n_blocks, 4, kv);
+    std::vector<int32_t> prompt(23);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 11) % 300);
+    const ForwardBatch b = s.make({{0, prompt, 0}}, true);
+    std::vector<float> lc, lg;
+    cpu->forward(b, lc);
+    gpu->forward(b, lg);
+    const double r = compare_logits(lg, lc, 300, chain_eps(model->spec(), 23, kv, score_bound(*model)), "prefill");
+    std::printf("[ measure ] prefill, %s KV: max |gpu - cpu| / bound = %.3g\n", std::string(dtype_name(kv)).c_str(), r);
+  }
+}
+
+TEST_F(CudaRunnerTest, GreedyDecodeMatchesTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  for (DType kv : {DType::F32, DType::BF16}) {
+    int64_t n_blocks = 0;
+    Steps s = make_steps(1, 64, 4, &n_blocks, 4);
+    auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
+    auto gpu = cuda_runner(*model, n_blocks, 4, kv);
+    std::vector<int32_t> prompt = {5, 17, 250, 3, 99, 42, 7};
+    std::vector<float> lc, lg;
+    cpu->forward(s.make({{0, prompt, 0}}, false), lc);
+    gpu->forward(s.make({{0, prompt, 0}}, false), lg);
+    int32_t pos = int32_t(prompt.size());
+    double worst = 0;
+    for (int step = 0; step < 24; ++step) {
+      const double eps = chain_eps(model->spec(), pos + 1, kv, score_bound(*model));
+      worst = std::max(worst, compare_logits(lg, lc, 300, eps, "decode step " + std::to_string(step)));
+      const int32_t next = argmax(lc.data(), 300);
+      ASSERT_EQ(argmax(lg.data(), 300), next) << "step " << step;
+      cpu->forward(s.make({{0, {next}, pos}}, false), lc);
+      gpu->forward(s.make({{0, {next}, pos}}, false), lg);
+      ++pos;
+    }
+    std::printf("[ measure ] 24 greedy steps, %s KV: max |gpu - cpu| / bound = %.3g\n",
+                std::string(dtype_name(kv)).c_str(), worst);
+  }
+}
+
+TEST_F(CudaRunnerTest, MixedPrefillAndDecodeStepMatchesTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(3, 64, 4, &n_blocks, 5);
+  auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
+  auto gpu = cuda_runner(*model, n_blocks, 4);
+  auto tokens = [](int n, int seed) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) t[size_t(i)] = (i * 53 + seed * 19) % 300;
+    return t;
+  };
+  // Step 1: A prefills 10, B prefills 5 (B does not want logits).
+  // Step 2: A decodes, B continues with 7 more, C prefills 4: all logits.
+  // Step 3: all three decode.
+  const std::vector<std::vector<Part>> plan = {
+      {{0, tokens(10, 1), 0}, {1, tokens(5, 2), 0, false}},
+      {{0, {17}, 10}, {1, tokens(7, 3), 5}, {2, tokens(4, 4), 0}},
+      {{2, {8}, 4}, {0, {9}, 11}, {1, {10}, 12}},
+  };
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ForwardBatch b = s.make(plan[i], i == 1);
+    std::vector<float> lc, lg;
+    cpu->forward(b, lc);
+    gpu->forward(b, lg);
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), 16, DType::F32), "mixed step " + std::to_string(i));
+  }
+}
+
+// A context of ~1500 positions: attention split into a dozen partitions, prefilled in chunks of the
+// runner's token limit, then decoded (graphs of a 16-partition grid).
+TEST_F(CudaRunnerTest, LongContextMatchesTheCpuRunner) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 1600, 16, &n_blocks, 10);
+  auto cpu = make_cpu_runner(*model, {.block_size = 16, .n_blocks = n_blocks}, 0);
+  auto gpu = cuda_runner(*model, n_blocks, 16, DType::F32);
+  std::vector<float> lc, lg;
+  int32_t pos = 0;
+  for (int chunk = 0; chunk < 6; ++chunk) {
+    std::vector<int32_t> t(250);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((pos + int32_t(i)) * 7 % 300);
+    cpu->forward(s.make({{0, t, pos}}, false), lc);
+    gpu->forward(s.make({{0, t, pos}}, false), lg);
+    pos += 250;
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, DType::F32), "chunk " + std::to_string(chunk));
+  }
+  for (int step = 0; step < 4; ++step) {
+    const int32_t next = argmax(lc.data(), 300);
+    cpu->forward(s.make({{0, {next}, pos}}, false), lc);
+    gpu->forward(s.make({{0, {next}, pos}}, false), lg);
+    ++pos;
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, DType::F32), "long decode " + std::to_string(step));
+  }
+}
+
+TEST_F(CudaRunnerTest, LogitsAreBatchInvariant) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(4, 64, 4, &n_blocks, 6);
+  auto alone = cuda_runner(*model, n_blocks, 4, DType::BF16);
+  auto batched = cuda_runner(*model, n_blocks, 4, DType::BF16);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<float> la, lb;
+  alone->forward(s.make({{0, prompt, 0}}, false), la);
+  // Batched: other sequences around it, some prefilling, in a different order each step.
+  batched->forward(s.make({{1, {40, 41, 42}, 0}, {0, prompt, 0}, {2, {7}, 0}}, false), lb);
+  ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + 300, 300 * 4)) << "prefill";
+  int32_t pos = int32_t(prompt.size());
+  int32_t other = 3;
+  for (int step = 0; step < 6; ++step) {
+    const int32_t next = argmax(la.data(), 300);
+    alone->forward(s.make({{0, {next}, pos}}, false), la);
+    std::vector<Part> parts = {{3, {int32_t(50 + step)}, step}, {1, {int32_t(60 + step)}, other}};
+    parts.insert(parts.begin() + (step % 3 == 0 ? 0 : 1), Part{0, {next}, pos});
+    if (step % 2) parts.push_back({2, {int32_t(70 + step), 71, 72}, 1 + 3 * (step / 2)});
+    batched->forward(s.make(parts, false), lb);
+    size_t row = 0;
+    for (size_t i = 0; i < parts.size(); ++i)
+      if (parts[i].seq == 0) row = i;
+    ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + row * 300, 300 * 4)) << "decode step " << step;
+    ++pos;
+    ++other;
+  }
+}
+
+TEST_F(CudaRunnerTest, GraphReplayIsBitIdenticalToEagerLaunches) {
+  // Decode steps replay captured graphs (per batch size and attention partitions); the same steps
+  // launched kernel by kernel must give the same bits. Contexts cross the 128-position split.
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(3, 400, 4, &n_blocks, 9);
+  auto graphs = cuda_runner(*model, n_blocks, 4, DType::BF16, true);
+  auto eager = cuda_runner(*model, n_blocks, 4, DType::BF16, false);
+  std::vector<int32_t> prompt(120);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 13 + 1) % 300);
+  std::vector<float> lg, le;
+  const ForwardBatch pre = s.make({{0, prompt, 0}, {1, {5, 6}, 0}, {2, prompt, 0}}, false);
+  graphs->forward(pre, lg);
+  eager->forward(pre, le);
+  ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), le.size() * 4));
+  std::vector<int32_t> pos = {120, 2, 120};
+  for (int step = 0; step < 30; ++step) {
+    std::vector<Part> parts;
+    for (int q = 0; q < 3; ++q)
+      if (step % 5 != 4 || q != 1)  // batch size 2 now and then
+        parts.push_back({q, {int32_t((step * 7 + q) % 300)}, pos[size_t(q)]++});
+    const ForwardBatch b = s.make(parts, false);
+    graphs->forward(b, lg);
+    eager->forward(b, le);
+    ASSERT_EQ(lg.size(), le.size());
+    ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), le.size() * 4)) << "step " << step;
+  }
+  const CudaRunnerStats st = cuda_runner_stats(*graphs);
+  std::printf("[ measure ] tiny model decode: %lld launches per step\n", (long long)st.launches_last_step);
+}
+
+TEST_F(CudaRunnerTest, KvPoolIsSizedFromABudget) {
+  auto model = Model::load(dir_->path());
+  const int64_t per_block = cuda_kv_bytes_per_block(model->spec(), 16, DType::BF16);
+  CudaRunnerConfig c;
+  c.kv = {.block_size = 16, .n_blocks = 0};
+  c.kv_budget_bytes = 10 * per_block + per_block / 2;
+  c.max_model_len = 160;
+  auto r = make_cuda_runner(*model, c);
+  EXPECT_EQ(r->kv_config().n_blocks, 10);
+  EXPECT_EQ(cuda_runner_stats(*r).kv_bytes, 10 * per_block);
+  std::vector<int32_t> table(10);
+  std::iota(table.begin(), table.end(), 0);
+  ForwardBatch b;
+  b.tokens = {1, 2, 3};
+  b.seqs.push_back({.first_token = 0, .n_tokens = 3, .start_pos = 0, .block_table = table, .want_logits = true});
+  std::vector<float> l;
+  r->forward(b, l);
+  EXPECT_EQ(l.size(), 300u);
+  c.kv_budget_bytes = per_block / 2;
+  EXPECT_THROW(make_cuda_runner(*model, c), Error);
+  // No budget: the free memory less a reserve.
+  c.kv_budget_bytes = 0;
+  auto all = make_cuda_runner(*model, c);
+  EXPECT_GT(all->kv_config().n_blocks, 1000);
+}
+
+TEST_F(CudaRunnerTest, BadInputIsAClearError) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 4, &n_blocks, 7);
+  auto gpu = cuda_runner(*model, n_blocks, 4);
+  std::vector<float> l;
+  EXPECT_THROW(gpu->forward(s.make({{0, {300}, 0}}, false), l), Error);
+  std::vector<int32_t> many(257, 1);
+  EXPECT_THROW(gpu->forward(s.make({{0, many, 0}}, false), l), Error);
+  ForwardBatch short_table = s.make({{0, {1, 2, 3}, 0}}, false);
+  short_table.seqs[0].start_pos = 62;  // 65 positions; the table covers 64
+  EXPECT_THROW(gpu->forward(short_table, l), Error);
+  // Still usable after the errors.
+  gpu->forward(s.make({{0, {1, 2}, 0}}, false), l);
+  EXPECT_EQ(l.size(), 300u);
+  CudaRunnerConfig bad;
+  bad.kv = {.block_size = 4, .n_blocks = 8};
+  bad.kv_dtype = DType::Q4_K;
+  EXPECT_THROW(make_cuda_runner(*model, bad), Error);
+  bad.kv_dtype = DType::BF16;
+  bad.device = 99;
+  EXPECT_THROW(make_cuda_runner(*model, bad), Error);
+}
+
+// Today's engine, unchanged, on the CUDA runner: 16 greedy requests of different lengths arriving
+// together with a token budget that forces chunked prefill and mixed steps; each output equals the
+// same request alone on the CUDA runner (batch invariance through the engine), and with an F32 KV
+// cache the CPU engine's output.
+TEST_F(CudaRunnerTest, TheEngineRunsOnTheCudaRunner) {
+  const std::vector<int64_t> lengths = {1, 5, 15, 16, 17, 31, 32, 33, 47, 64, 70, 3, 9, 48, 2, 40};
+  const int64_t n_new = 12;
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<int32_t> p(static_cast<size_t>(lengths[i]));
+    for (size_t j = 0; j < p.size(); ++j) p[j] = int32_t((j * 31 + i * 17 + 3) % 300);
+    prompts.push_back(std::move(p));
+  }
+  auto make = [&](bool gpu, DType kv, int64_t max_batch_tokens) {
+    auto model = Model::load(dir_->path());
+    std::unique_ptr<ModelRunner> runner =
+        gpu ? cuda_runner(*model, 256, 16, kv) : make_cpu_runner(*model, {.block_size = 16, .n_blocks = 256}, 2);
+    EngineConfig config{.scheduler = {.max_running = 16, .max_batch_tokens = max_batch_tokens}};
+    return std::make_unique<Engine>(EngineParts{.model = std::move(model), .runner = std::move(runner)}, config);
+  };
+  auto run_all = [&](Engine& e) {
+    std::vector<RequestStream> streams;
+    for (const auto& p : prompts)
+      streams.push_back(e.submit({.prompt = p, .sampling = {.temperature = 0.0f}, .max_tokens = n_new}));
+    std::vector<std::vector<int32_t>> out;
+    for (auto& st : streams) {
+      RequestOutput o = st.collect();
+      EXPECT_TRUE(o.finish && o.finish->reason == FinishReason::Length) << (o.finish ? o.finish->error : "no finish");
+      out.push_back(o.token_ids);
+    }
+    return out;
+  };
+  {
+    auto batched = make(true, DType::BF16, 48);
+    const auto together = run_all(*batched);
+    auto alone_engine = make(true, DType::BF16, 256);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestOutput o =
+          alone_engine->submit({.prompt = prompts[i], .sampling = {.temperature = 0.0f}, .max_tokens = n_new}).collect();
+      EXPECT_EQ(o.token_ids, together[i]) << "request " << i << " batched vs alone";
+    }
+  }
+  auto gpu = make(true, DType::F32, 48);
+  auto cpu = make(false, DType::F32, 48);
+  const auto g = run_all(*gpu), c = run_all(*cpu);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(g[i], c[i]) << "request " << i << " GPU vs CPU";
+}
+
+// A real checkpoint: the bundled model (BF16 safetensors, tied head, 6 layers of 16 experts).
+std::string spill_tiny_dir() {
+  if (const char* env = std::getenv("SPILL_TINY_DIR")) return env;
+  return std::string(SPILL_SOURCE_DIR) + "/models/spill-tiny";
+}
+
+void greedy_against_cpu(const Model& model, int n_new, const std::string& what) {
+  const int64_t V = model.spec().vocab_size;
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 128, 16, &n_blocks, 8);
+  auto cpu = make_cpu_runner(model, {.block_size = 16, .n_blocks = n_blocks}, 0);
+  auto gpu = cuda_runner(model, n_blocks, 16, DType::F32);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back(int32_t((i * 7919 + 13) % V));
+  std::vector<float> lc, lg;
+  cpu->forward(s.make({{0, prompt, 0}}, true), lc);
+  gpu->forward(s.make({{0, prompt, 0}}, true), lg);
+  double worst = compare_logits(lg, lc, V, chain_eps(model.spec(), 21, DType::F32), what + " prefill");
+  int32_t pos = int32_t(prompt.size());
+  for (int step = 0; step < n_new; ++step) {
+    const int32_t next = argmax(lc.data() + lc.size() - size_t(V), V);
+    ASSERT_EQ(argmax(lg.data() + lg.size() - size_t(V), V), next) << what << " step " << step;
+    cpu->forward(s.make({{0, {next}, pos}}, false), lc);
+    gpu->forward(s.make({{0, {next}, pos}}, false), lg);
+    worst = std::max(worst, compare_logits(lg, lc, V, chain_eps(model.spec(), pos + 1, DType::F32), what));
+    ++pos;
+  }
+  std::printf("[ measure ] %s: max |gpu - cpu| / bound = %.3g\n", what.c_str(), worst);
+}
+
+TEST(CudaRunnerModels, SpillTinyGreedyMatchesTheCpuRunner) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const std::string dir = spill_tiny_dir();
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " not found (set SPILL_TINY_DIR)";
+  cpu::set_activation_mode(cpu::ActivationMode::F32);
+  auto model = Model::load(dir);
+  greedy_against_cpu(*model, 12, "spill-tiny bf16");
+}
+
+// Block-format weights through the real quantizer: a random model whose widths are whole 256-blocks,
+// quantized on load by --quant mixes (K-quants, Q8_0; an embedding the device gather cannot read,
+// so its rows come from the host; a tied head).
+TEST(CudaRunnerModels, QuantizedModelsGreedyMatchTheCpuRunner) {
+  SPILL_SKIP_WITHOUT_GPU();
+  cpu::set_activation_mode(cpu::ActivationMode::F32);
+  TempDir dir("spill-cuda-runner-quant");
+  for (bool tied : {false, true}) {
+    const std::string path = dir.path() + (tied ? "/tied" : "/untied");
+    write_random_model(path, RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 3, .n_heads = 4,
+                                               .n_kv_heads = 2, .head_dim = 64, .n_experts = 8,
+                                               .n_experts_per_token = 2, .moe_intermediate_size = 256,
+                                               .intermediate_size = 512, .dense_layers = {0},
+                                               .tie_word_embeddings = tied, .seed = 21});
+    for (const char* mix : {"q4_k_m", "q8_0", "experts=q4_k,attention=q6_k,dense=q5_k,head=q8_0,embed=q4_k"}) {
+      auto model = Model::load(path);
+      QuantRequest request;
+      request.quant = mix;
+      quantize_as_asked(*model, request);
+      greedy_against_cpu(*model, 8, std::string(mix) + (tied ? " tied" : ""));
+    }
+  }
+}
+
+TEST(CudaRunnerModels, QuantizedGgufsGreedyMatchTheCpuRunner) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("SPILL_GGUF_DIR");
+  const std::string dir = env ? env : "/work/gguf";
+  cpu::set_activation_mode(cpu::ActivationMode::F32);
+  int found = 0;
+  for (const char* name : {"qwen3_moe-Q4_K_M.gguf", "qwen3-Q8_0.gguf", "spill-tiny-Q4_K_M.gguf"}) {
+    const std::string path = dir + "/" + name;
+    if (!std::filesystem::exists(path)) continue;
+    ++found;
+    auto model = Model::load(path);
+    greedy_against_cpu(*model, 8, name);
+  }
+  if (found == 0) GTEST_SKIP() << "no GGUF test files in " << dir << " (set SPILL_GGUF_DIR)";
+}
+
+}  // namespace
+}  // namespace spill
+
+#else
+TEST(CudaRunner, SkippedWithoutCuda) { GTEST_SKIP() << "spill was built without CUDA"; }
+#endif

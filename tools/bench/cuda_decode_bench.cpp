@@ -1,0 +1,232 @@
+// Decode speed of the CUDA runner (backend/cuda/cuda_runner.h) on a synthetic model of a given
+// shape (default the S30 shape, Qwen3-30B-A3B), weights in --quant's types, next to the roofline:
+// the bytes one step must read (every non-expert weight, the distinct routed experts' spans, the
+// KV of every sequence) over the measured HBM read bandwidth.
+//
+// Method: B sequences are prefilled to --context tokens, then --steps decode steps of B tokens run
+// through ModelRunner::forward (logits of every sequence copied back each step, as the engine
+// needs them today); time per step is the median. One extra step, observed (not timed), counts the
+// distinct experts each layer routes to, for the bytes.
+//
+// Usage: cuda_decode_bench [--shape s30.json] [--quant MIX] [--batches 1,4,8] [--context N]
+//                          [--steps N] [--ceiling GBps] [--layers N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_runner.h"
+#include "cli/model_options.h"
+#include "core/error.h"
+#include "model/model.h"
+
+using namespace spill;
+
+namespace {
+
+struct Args {
+  std::string shape = "/work/shared/shapes/s30.json";
+  std::string quant = "experts=q4_k,attention=q8_0,embed=q8_0,head=q8_0";
+  std::vector<int> batches = {1, 4, 8};
+  int context = 512;
+  int steps = 20;
+  double ceiling_gbps = 4530.0;  // measured HBM read bandwidth of the H200 (issue 12)
+  int layers = 0;                // > 0: override the shape's layer count (quick runs)
+  bool profile = false;          // time each op with events (steps launched eagerly, no graphs)
+  bool graphs = true;
+};
+
+// Counts distinct routed experts per layer.
+class RouteCounter final : public ForwardObserver {
+ public:
+  std::vector<std::set<int32_t>> per_layer;
+  void on_router(int layer, int64_t n_tokens, int64_t k, const int32_t* ids, const float*) override {
+    if (per_layer.size() <= size_t(layer)) per_layer.resize(size_t(layer) + 1);
+    for (int64_t i = 0; i < n_tokens * k; ++i) per_layer[size_t(layer)].insert(ids[i]);
+  }
+};
+
+int64_t bytes_of(const TensorView& t) { return t.empty() ? 0 : int64_t(t.nbytes()); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", f.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (f == "--shape") a.shape = next();
+    else if (f == "--quant") a.quant = next();
+    else if (f == "--context") a.context = std::atoi(next().c_str());
+    else if (f == "--steps") a.steps = std::atoi(next().c_str());
+    else if (f == "--ceiling") a.ceiling_gbps = std::atof(next().c_str());
+    else if (f == "--layers") a.layers = std::atoi(next().c_str());
+    else if (f == "--profile") a.profile = true;
+    else if (f == "--no-graphs") a.graphs = false;
+    else if (f == "--batches") {
+      a.batches.clear();
+      std::stringstream ss(next());
+      std::string item;
+      while (std::getline(ss, item, ',')) a.batches.push_back(std::atoi(item.c_str()));
+    } else {
+      std::fprintf(stderr, "usage: %s [--shape F] [--quant MIX] [--batches 1,4,8] [--context N] [--steps N] "
+                           "[--ceiling GBps] [--layers N] [--profile] [--no-graphs]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (a.context < 1 || a.steps < 1 || a.batches.empty()) {
+    std::fprintf(stderr, "--context, --steps and --batches must be positive\n");
+    return 2;
+  }
+  try {
+    std::string shape_path = a.shape;
+    if (a.layers > 0) {  // a copy of the shape with fewer layers
+      std::ifstream in(a.shape);
+      if (!in) fail("{}: cannot read", a.shape);
+      std::stringstream text;
+      text << in.rdbuf();
+      std::string s = text.str();
+      const size_t at = s.find("\"num_hidden_layers\"");
+      if (at == std::string::npos) fail("{}: no num_hidden_layers", a.shape);
+      const size_t colon = s.find(':', at), end = s.find_first_of(",}", colon);
+      s = s.substr(0, colon + 1) + " " + std::to_string(a.layers) + s.substr(end);
+      shape_path = "/tmp/cuda_decode_bench_shape.json";
+      std::ofstream(shape_path) << s;
+    }
+    cli::ModelFlags flags;
+    flags.synthetic = shape_path;
+    flags.quant = a.quant;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto model = cli::open_synthetic_model(flags, 0, false, true);
+    const ModelSpec& spec = model->spec();
+    const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+    const int32_t bs = 16;
+    const int32_t blocks_per_seq = (a.context + a.steps + 2 + bs - 1) / bs;
+    CudaRunnerConfig config;
+    config.kv = {.block_size = bs, .n_blocks = int64_t(blocks_per_seq) * max_b};
+    config.max_batch_tokens = std::max<int64_t>(512, max_b);
+    config.max_seqs = std::max(max_b, 1);
+    config.max_model_len = int64_t(blocks_per_seq) * bs;
+    config.profile_ops = a.profile;
+    config.cuda_graphs = a.graphs;
+    auto runner = make_cuda_runner(*model, config);
+    const CudaRunnerStats st = cuda_runner_stats(*runner);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // Bytes every step reads whatever the routing: all weights but the routed experts.
+    int64_t dense_bytes = bytes_of(model->lm_head) + bytes_of(model->final_norm);
+    int64_t expert_bytes = 0;  // one expert's gate + up + down
+    for (const LayerWeights& w : model->layers) {
+      for (const TensorView* t : {&w.attn_norm, &w.q, &w.k, &w.v, &w.o, &w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias,
+                                  &w.q_norm, &w.k_norm, &w.mlp_norm, &w.dense.gate, &w.dense.up, &w.dense.down,
+                                  &w.router, &w.router_bias})
+        dense_bytes += bytes_of(*t);
+      if (!w.experts.empty())
+        expert_bytes = bytes_of(w.experts[0].gate) + bytes_of(w.experts[0].up) + bytes_of(w.experts[0].down);
+    }
+    const int64_t kv_token_bytes = 2 * spec.n_layers * spec.kv_dim() * (config.kv_dtype == DType::F32 ? 4 : 2);
+    std::printf("cuda_decode_bench: %s, %lld layers, quant %s, context %d, block %d, KV %s\n", a.shape.c_str(),
+                (long long)spec.n_layers, a.quant.c_str(), a.context, bs, std::string(dtype_name(config.kv_dtype)).c_str());
+    std::printf("model made and uploaded in %.1f s: weights %.2f GiB on the GPU, KV pool %.2f GiB, workspace %.2f GiB\n",
+                load_s, st.weight_bytes / 1073741824.0, st.kv_bytes / 1073741824.0, st.workspace_bytes / 1073741824.0);
+    std::printf("roofline: bytes per step / %.0f GB/s; non-expert weights %.1f MB per step, %.2f MB per expert\n\n",
+                a.ceiling_gbps, dense_bytes / 1e6, expert_bytes / 1e6);
+    std::printf("%6s %10s %12s %12s %10s %10s %12s %10s %9s\n", "batch", "ms/step", "tok/s/strm", "tok/s total",
+                "experts/L", "MB/step", "roof ms", "roof tok/s", "achieved");
+
+    std::vector<double> prefill_times;
+    for (int B : a.batches) {
+      // Sequence i uses blocks [i * blocks_per_seq, (i + 1) * blocks_per_seq).
+      std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i)
+        for (int32_t b = 0; b < blocks_per_seq; ++b) tables[size_t(i)].push_back(i * blocks_per_seq + b);
+      std::vector<float> logits;
+      // Prefill each sequence (chunks of up to max_batch_tokens); the first one's time is reported.
+      double prefill_ms = 0;
+      for (int i = 0; i < B; ++i) {
+        const auto p_start = std::chrono::steady_clock::now();
+        for (int32_t p0 = 0; p0 < a.context; p0 += int32_t(config.max_batch_tokens)) {
+          const int32_t n = std::min<int32_t>(int32_t(config.max_batch_tokens), a.context - p0);
+          ForwardBatch fb;
+          for (int32_t j = 0; j < n; ++j) fb.tokens.push_back(int32_t((p0 + j) * 31 + i) % int32_t(spec.vocab_size));
+          fb.seqs.push_back({.first_token = 0, .n_tokens = n, .start_pos = p0, .block_table = tables[size_t(i)],
+                             .want_logits = p0 + n == a.context});
+          runner->forward(fb, logits);
+        }
+        if (i == 0) {
+          prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p_start).count();
+          if (a.profile && B == a.batches.front()) {
+            std::printf("       prefill device time by op, last chunk (us per layer; embedding, final norm, LM head: per step):");
+            for (const auto& [op, op_ms] : cuda_runner_stats(*runner).op_ms_last_step)
+              std::printf(" %s %.1f;", op.c_str(),
+                          1e3 * op_ms / (op == "embedding" || op == "final norm" || op == "LM head" ? 1.0 : double(spec.n_layers)));
+            std::printf("\n");
+          }
+        }
+      }
+      prefill_times.push_back(prefill_ms);
+      auto decode_batch = [&](int32_t pos) {
+        ForwardBatch fb;
+        for (int i = 0; i < B; ++i) {
+          fb.tokens.push_back(int32_t((pos * 7 + i * 13) % spec.vocab_size));
+          fb.seqs.push_back({.first_token = i, .n_tokens = 1, .start_pos = pos, .block_table = tables[size_t(i)],
+                             .want_logits = true});
+        }
+        return fb;
+      };
+      int32_t pos = a.context;
+      RouteCounter routes;
+      runner->forward(decode_batch(pos++), logits, &routes);
+      double experts_per_layer = 0;
+      for (const auto& s : routes.per_layer) experts_per_layer += double(s.size());
+      const int64_t distinct = int64_t(experts_per_layer);
+      if (!routes.per_layer.empty()) experts_per_layer /= double(routes.per_layer.size());
+      std::vector<double> ms;
+      for (int s = 0; s < a.steps; ++s) {
+        const ForwardBatch fb = decode_batch(pos);
+        const auto s0 = std::chrono::steady_clock::now();
+        runner->forward(fb, logits);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+        ++pos;
+      }
+      std::sort(ms.begin(), ms.end());
+      const double step_ms = ms[ms.size() / 2];
+      const int64_t bytes = dense_bytes + distinct * expert_bytes + int64_t(B) * (pos - 1) * kv_token_bytes;
+      const double roof_ms = double(bytes) / (a.ceiling_gbps * 1e9) * 1e3;
+      std::printf("%6d %10.3f %12.1f %12.1f %10.1f %10.1f %12.3f %10.1f %8.1f%%\n", B, step_ms, 1e3 / step_ms,
+                  B * 1e3 / step_ms, experts_per_layer, bytes / 1e6, roof_ms, 1e3 / roof_ms, 100 * roof_ms / step_ms);
+      if (a.profile) {
+        const CudaRunnerStats ps = cuda_runner_stats(*runner);
+        double total = 0;
+        for (const auto& [op, op_ms] : ps.op_ms_last_step) total += op_ms;
+        std::printf("       device time by op, last step (us per layer; embedding, final norm, LM head: per step; total %.3f ms):", total);
+        for (const auto& [op, op_ms] : ps.op_ms_last_step)
+          std::printf(" %s %.1f;", op.c_str(), 1e3 * op_ms / (op == "embedding" || op == "final norm" || op == "LM head" ? 1.0 : double(spec.n_layers)));
+        std::printf("\n");
+      }
+    }
+    std::printf("\nprefill of one %d-token prompt (chunks of %lld), eager launches:", a.context,
+                (long long)config.max_batch_tokens);
+    for (double ms : prefill_times) std::printf(" %.1f ms (%.0f tok/s)", ms, a.context * 1e3 / ms);
+    std::printf("\n");
+    const CudaRunnerStats after = cuda_runner_stats(*runner);
+    std::printf("\nkernel launches in the last step (batch %d): %lld (%.1f per layer)\n", a.batches.back(),
+                (long long)after.launches_last_step, double(after.launches_last_step) / double(spec.n_layers));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_decode_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
