@@ -258,22 +258,26 @@ TEST(CudaMoe, OutOfRangeIdsContributeNothing) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << i;
 }
 
-TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchOfEight) {
+TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
   SPILL_SKIP_WITHOUT_GPU();
   const MoeCase c{1024, 512, 16, 4, DType::Q4_K, DType::Q4_K};
   const Experts ex(c, 51);
-  // Few experts, so the token shares them with others of the batch.
-  const Routing batch = random_routing(c, 8, 6, 52);
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
-  const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, 8, 8);
-  for (int64_t t : {0, 5, 7}) {
-    Routing one;
-    one.x.assign(batch.x.begin() + t * c.hidden, batch.x.begin() + (t + 1) * c.hidden);
-    one.ids.assign(batch.ids.begin() + t * c.top_k, batch.ids.begin() + (t + 1) * c.top_k);
-    one.weights.assign(batch.weights.begin() + t * c.top_k, batch.weights.begin() + (t + 1) * c.top_k);
-    const auto alone = run_cuda(c, ex, spans.as<uint8_t>(), one, 1, 8);
-    ASSERT_EQ(std::memcmp(alone.data(), all.data() + t * c.hidden, size_t(c.hidden) * 4), 0) << "token " << t;
+  // Few experts, so the token shares them with others of the batch. Up to 8 tokens take the
+  // kernels' one-token build, 17 their 8-token build: a token's bits must not change either way.
+  for (int64_t n : {8, 17}) {
+    const Routing batch = random_routing(c, n, 6, 52);
+    const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, n, n);
+    for (int64_t t : {int64_t(0), int64_t(5), n - 1}) {
+      Routing one;
+      one.x.assign(batch.x.begin() + t * c.hidden, batch.x.begin() + (t + 1) * c.hidden);
+      one.ids.assign(batch.ids.begin() + t * c.top_k, batch.ids.begin() + (t + 1) * c.top_k);
+      one.weights.assign(batch.weights.begin() + t * c.top_k, batch.weights.begin() + (t + 1) * c.top_k);
+      const auto alone = run_cuda(c, ex, spans.as<uint8_t>(), one, 1, 8);
+      ASSERT_EQ(std::memcmp(alone.data(), all.data() + t * c.hidden, size_t(c.hidden) * 4), 0)
+          << "token " << t << " of " << n;
+    }
   }
 }
 

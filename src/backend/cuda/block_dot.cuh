@@ -503,19 +503,23 @@ __device__ __forceinline__ int owner_index(int lane) {
   return index;
 }
 
-// Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with `tokens` (1 .. kMaxTokenGroup)
-// tokens' rounded activations over the same K-range. For each of its units a lane decodes the unit
-// in all rows, then takes each token's 32 activations once for the four rows. emit(row, token,
+// Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with `tokens` (1 .. NT) tokens'
+// rounded activations over the same K-range. For each of its units a lane decodes the unit in RB
+// rows at a time, then takes each token's 32 activations once for those rows. emit(row, token,
 // value) is called once per (row, token < tokens) by the lane that holds the sum. parts_to_wait:
 // what stage_rows returned, for the first pass over freshly staged rows (0 afterwards).
-template <DType T, class Emit>
+// NT = 1 keeps few registers live (more warps per SM: the batch-1 case); NT = 8 decodes each unit
+// once for 8 tokens. Both give the same bits for a token: its accumulator sees the same
+// operations in the same order, and the butterfly's tree is the same for every value.
+template <DType T, int NT, class Emit>
 __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPerWarp], int k_len, const ActQ8& xq,
                                             int tokens, int lane, int parts_to_wait, Emit&& emit) {
   using U = Unit<T>;
-  constexpr int NT = kMaxTokenGroup;
-  float acc[kRowsPerWarp * NT];
+  constexpr int RB = NT == 1 ? 1 : 2;  // rows decoded at once
+  constexpr int V = kRowsPerWarp * NT;
+  float acc[V];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp * NT; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < V; ++i) acc[i] = 0.0f;
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
   const int passes = (units + 31) / 32;
   for (int pass = 0; pass < passes; ++pass) {
@@ -525,12 +529,11 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
     const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
     const int x0 = block * U::kBlockElems;
     const int dx_index = (x0 + U::x_offset(slot, 0)) / kActBlock;
-    // Two rows' units decoded at a time (registers), each token's activations read once per pair.
 #pragma unroll
-    for (int r0 = 0; r0 < kRowsPerWarp; r0 += 2) {
-      U unit[2];
+    for (int r0 = 0; r0 < kRowsPerWarp; r0 += RB) {
+      U unit[RB];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) unit[r].load(staged[r0 + r] + block * U::kBlockBytes, slot);
+      for (int r = 0; r < RB; ++r) unit[r].load(staged[r0 + r] + block * U::kBlockBytes, slot);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t < tokens) {
@@ -549,7 +552,7 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
           }
           const float dx = xq.d[t * xq.d_stride + dx_index];
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
+          for (int r = 0; r < RB; ++r) {
             float f = __fmul_rn(unit[r].d, __int2float_rn(unit[r].dot(x)));
             if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(unit[r].dmin, __int2float_rn(unit[r].min_dot(s8))));
             acc[(r0 + r) * NT + t] = __fmaf_rn(dx, f, acc[(r0 + r) * NT + t]);
@@ -558,11 +561,26 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
       }
     }
   }
-  const float total = warp_reduce_transposed<kRowsPerWarp * NT>(acc, lane);
-  const int index = owner_index<kRowsPerWarp * NT>(lane);
-  // kRowsPerWarp * NT == 32: each lane holds one value.
-  static_assert(kRowsPerWarp * NT == 32, "one value per lane after the reduction");
-  if (index % NT < tokens) emit(index / NT, index % NT, total);
+  const float total = warp_reduce_transposed<V>(acc, lane);
+  const int index = owner_index<V>(lane);
+  // Values are replicated over 32 / V lanes; the lowest of each set emits.
+  constexpr int kReplicas = 32 / V;
+  if ((lane & (kReplicas - 1)) == 0 && index % NT < tokens) emit(index / NT, index % NT, total);
+}
+
+// Runs warp_dot_q8 over `tokens` tokens of a group NT at a time (tokens <= kMaxTokenGroup).
+template <DType T, int NT, class Emit>
+__device__ __forceinline__ void warp_dot_q8_group(const uint8_t* const staged[kRowsPerWarp], int k_len,
+                                                  const ActQ8& xq, int tokens, int lane, int parts_to_wait,
+                                                  Emit&& emit) {
+  for (int t0 = 0; t0 < tokens; t0 += NT) {
+    ActQ8 sub = xq;
+    sub.q += t0 * xq.q_stride;
+    sub.s8 += t0 * xq.s8_stride;
+    sub.d += t0 * xq.d_stride;
+    warp_dot_q8<T, NT>(staged, k_len, sub, min(NT, tokens - t0), lane, t0 == 0 ? parts_to_wait : 0,
+                       [&](int r, int t, float v) { emit(r, t0 + t, v); });
+  }
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization,

@@ -26,8 +26,8 @@ struct GemvParams {
   int32_t token_group;  // tokens whose rounded activations shared memory holds at once
 };
 
-template <DType T, class XT>
-__global__ void __launch_bounds__(kWarps * 32, 4) gemv_kernel(GemvParams p) {
+template <DType T, class XT, int NT>
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(GemvParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ bool last_block;
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) gemv_kernel(GemvParams p) {
                     [](const XT* q, float v[8]) { load_x8<XT>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
-    warp_dot_q8<T>(staged, k_len, xq, tokens, lane, t0 == 0 ? parts : 0, [&](int r, int t, float v) {
+    warp_dot_q8_group<T, NT>(staged, k_len, xq, tokens, lane, t0 == 0 ? parts : 0, [&](int r, int t, float v) {
       const int64_t row = row0 + r;
       if (row >= p.rows) return;
       if (p.k_splits == 1) p.y[(t0 + t) * p.rows + row] = v;
@@ -184,20 +184,19 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   p.n = args.n;
   p.k_splits = plan.k_splits;
   p.stride = staged_row_stride(int(segment_bytes(plan.type, plan.k_chunk)));
-  p.token_group = token_group_for(plan.k_chunk);
+  p.token_group = args.n == 1 ? 1 : token_group_for(plan.k_chunk);
   // +16: word loads may touch past a row's end
   const size_t smem = size_t(kRowsPerBlock) * p.stride + 16 + size_t(act_q8_bytes(p.token_group, int(plan.k_chunk)));
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.k_splits));
   dispatch_block_type(plan.type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     const dim3 block(kWarps * 32);
-    const void* kernel = args.x_bf16 ? reinterpret_cast<const void*>(gemv_kernel<T, __nv_bfloat16>)
-                                     : reinterpret_cast<const void*>(gemv_kernel<T, float>);
+    // One token: the few-register build (more warps per SM); more: units decoded once per 8 tokens.
+    auto* kernel = args.x_bf16 ? (args.n == 1 ? gemv_kernel<T, __nv_bfloat16, 1> : gemv_kernel<T, __nv_bfloat16, kMaxTokenGroup>)
+                               : (args.n == 1 ? gemv_kernel<T, float, 1> : gemv_kernel<T, float, kMaxTokenGroup>);
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "raising the GEMV kernel's shared memory limit");
-    check(args.x_bf16 ? launch_overlapped(gemv_kernel<T, __nv_bfloat16>, grid, block, smem, stream, p)
-                      : launch_overlapped(gemv_kernel<T, float>, grid, block, smem, stream, p),
-          "launching the GEMV kernel");
+    check(launch_overlapped(kernel, grid, block, smem, stream, p), "launching the GEMV kernel");
   });
 }
 

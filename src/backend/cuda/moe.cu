@@ -10,29 +10,31 @@ namespace {
 
 constexpr int kGateUpWarps = 8;  // each warp: 2 gate rows and the same 2 up rows
 constexpr int kGateUpRows = kGateUpWarps * 2;
-constexpr int kDownWarps = 4;    // each warp: 4 rows of down
+constexpr int kDownWarps = 8;    // each warp: 4 rows of down
 constexpr int kDownRows = kDownWarps * kRowsPerWarp;
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxPairs = 8192;
 constexpr int kActSmemBudget = 24 * 1024;  // shared bytes for one token group's rounded activations
 constexpr int kMaxSmem = 227 * 1024;       // an sm_90 block's dynamic shared memory limit
 
-// Tokens per group: as many as kActSmemBudget holds, up to kMaxTokenGroup.
-int32_t token_group_for(int64_t k_len) {
-  int32_t g = kMaxTokenGroup;
+// Tokens per group: as many as kActSmemBudget holds, up to kMaxTokenGroup; 2 for the one-token
+// builds (calls of up to kMaxTokenGroup tokens, whose experts mostly get one), so that more of
+// their blocks fit in an SM's shared memory.
+int32_t token_group_for(int64_t k_len, int64_t n) {
+  int32_t g = n <= kMaxTokenGroup ? 2 : kMaxTokenGroup;
   while (g > 1 && act_q8_bytes(g, int(k_len)) > kActSmemBudget) g /= 2;
   return g;
 }
 
 // Dynamic shared bytes of each kernel: staged rows, one token group's rounded activations, the
 // pair list.
-size_t gate_up_smem(const MoeShape& s, int64_t pairs) {
+size_t gate_up_smem(const MoeShape& s, int64_t n, int64_t pairs) {
   return size_t(kGateUpWarps) * kRowsPerWarp * staged_row_stride(int(row_bytes(s.gate_up_type, s.hidden))) + 16 +
-         size_t(act_q8_bytes(token_group_for(s.hidden), int(s.hidden))) + size_t(pairs) * sizeof(int);
+         size_t(act_q8_bytes(token_group_for(s.hidden, n), int(s.hidden))) + size_t(pairs) * sizeof(int);
 }
-size_t down_smem(const MoeShape& s, int64_t pairs) {
+size_t down_smem(const MoeShape& s, int64_t n, int64_t pairs) {
   return size_t(kDownWarps) * kRowsPerWarp * staged_row_stride(int(row_bytes(s.down_type, s.width))) + 16 +
-         size_t(act_q8_bytes(token_group_for(s.width), int(s.width))) + size_t(pairs) * sizeof(int);
+         size_t(act_q8_bytes(token_group_for(s.width, n), int(s.width))) + size_t(pairs) * sizeof(int);
 }
 
 struct MoeParams {
@@ -88,8 +90,8 @@ __device__ int gather_pairs(const MoeParams& p, int pair, int* list, int* shared
 
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
-template <DType T>
-__global__ void __launch_bounds__(kGateUpWarps * 32, 2) moe_gate_up_kernel(MoeParams p) {
+template <DType T, int NT>
+__global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 4 : 2) moe_gate_up_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float scratch[kGateUpWarps][kRowsPerWarp][kMaxTokenGroup];
@@ -126,7 +128,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 2) moe_gate_up_kernel(MoePa
                     [](const float* q, float v[8]) { load_x8<float>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
-    warp_dot_q8<T>(staged, int(p.hidden), xq, tokens, lane, i0 == 0 ? parts : 0,
+    warp_dot_q8_group<T, NT>(staged, int(p.hidden), xq, tokens, lane, i0 == 0 ? parts : 0,
                    [&](int r, int t, float v) { scratch[warp][r][t] = v; });
     __syncwarp();
     if (lane < 2 * tokens) {
@@ -138,8 +140,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 2) moe_gate_up_kernel(MoePa
   }
 }
 
-template <DType T>
-__global__ void __launch_bounds__(kDownWarps * 32, 4) moe_down_kernel(MoeParams p) {
+template <DType T, int NT>
+__global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 4 : 2) moe_down_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int count, shared_key;
@@ -198,7 +200,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 4) moe_down_kernel(MoeParams 
                       [](const float* q, float v[8]) { load_x8_coherent(q, v); });
       __syncthreads();
       if (!has_rows) continue;
-      warp_dot_q8<T>(staged, int(p.width), xq, tokens, lane, i0 == 0 ? parts : 0, [&](int r, int t, float v) {
+      warp_dot_q8_group<T, NT>(staged, int(p.width), xq, tokens, lane, i0 == 0 ? parts : 0, [&](int r, int t, float v) {
         const int64_t row = row0 + r;
         const int pair = list[i0 + t];
         if (row < p.hidden) p.partial[int64_t(pair) * p.hidden + row] = __fmul_rn(p.weights[pair], v);
@@ -276,7 +278,8 @@ MoePlan plan_moe(const MoeShape& s, int64_t max_tokens) {
     throw_error("the CUDA MoE decode kernels take at most " + std::to_string(kMaxPairs) +
                 " (token, expert) pairs per call; asked for " + std::to_string(max_tokens) + " tokens x top-" +
                 std::to_string(s.top_k));
-  if (gate_up_smem(s, max_tokens * s.top_k) > kMaxSmem || down_smem(s, max_tokens * s.top_k) > kMaxSmem)
+  if (gate_up_smem(s, max_tokens, max_tokens * s.top_k) > kMaxSmem ||
+      down_smem(s, max_tokens, max_tokens * s.top_k) > kMaxSmem)
     throw_error("the CUDA MoE decode kernels stage whole expert rows in shared memory, and rows of this shape (" +
                 shape_text() + ") with " + std::to_string(max_tokens) + " tokens need more than an sm_90 block's " +
                 std::to_string(kMaxSmem / 1024) + " KiB; use a smaller hidden/width or fewer tokens per call");
@@ -320,31 +323,27 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     constexpr DType T = decltype(type_constant)::value;
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.hidden)));
-    q.token_group = token_group_for(s.hidden);
+    q.token_group = token_group_for(s.hidden, a.n);
     q.act_bytes = act_q8_bytes(q.token_group, int(s.hidden));
-    const size_t smem = gate_up_smem(s, p.pairs);
+    const size_t smem = gate_up_smem(s, a.n, p.pairs);
     const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), unsigned(p.pairs));
-    {
-      check(cudaFuncSetAttribute(moe_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "raising the MoE gate/up kernel's shared memory limit");
-      check(launch_overlapped(moe_gate_up_kernel<T>, grid, dim3(kGateUpWarps * 32), smem, stream, q),
-            "launching the MoE gate/up kernel");
-    }
+    auto* kernel = a.n <= kMaxTokenGroup ? moe_gate_up_kernel<T, 1> : moe_gate_up_kernel<T, kMaxTokenGroup>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "raising the MoE gate/up kernel's shared memory limit");
+    check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q), "launching the MoE gate/up kernel");
   });
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.width)));
-    q.token_group = token_group_for(s.width);
+    q.token_group = token_group_for(s.width, a.n);
     q.act_bytes = act_q8_bytes(q.token_group, int(s.width));
-    const size_t smem = down_smem(s, p.pairs);
+    const size_t smem = down_smem(s, a.n, p.pairs);
     const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), unsigned(p.pairs));
-    {
-      check(cudaFuncSetAttribute(moe_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "raising the MoE down kernel's shared memory limit");
-      check(launch_overlapped(moe_down_kernel<T>, grid, dim3(kDownWarps * 32), smem, stream, q),
-            "launching the MoE down kernel");
-    }
+    auto* kernel = a.n <= kMaxTokenGroup ? moe_down_kernel<T, 1> : moe_down_kernel<T, kMaxTokenGroup>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "raising the MoE down kernel's shared memory limit");
+    check(launch_overlapped(kernel, grid, dim3(kDownWarps * 32), smem, stream, q), "launching the MoE down kernel");
   });
 }
 
