@@ -186,8 +186,10 @@ struct Unit<DType::Q6_K> {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const uint32_t low = (g & 1) ? qb[i] : qa[i];
-        const uint32_t q = ((low >> nib_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4);
-        w[2 * g + i] = __vsub4(q, 0x20202020u);
+        // q - 32 per byte: flipping bit 5 gives q - 32 in 6-bit two's complement; bit 5 then
+        // extends into bits 6 and 7 (0x20 * 6 = 0xC0, no carry out of the byte).
+        const uint32_t t = (((low >> nib_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4)) ^ 0x20202020u;
+        w[2 * g + i] = t | ((t & 0x20202020u) * 6u);
       }
     }
   }
@@ -213,23 +215,32 @@ struct Unit<DType::Q3_K> {
   float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int H = s >> 2, L0 = 8 * (s & 3);
-    uint32_t qs[2], hm[2];
+    uint32_t qs[2], hm[2], s01, s23;
     ld_u64_a2(b + 32 + 32 * H + L0, qs[0], qs[1]);
     ld_u64_a2(b + L0, hm[0], hm[1]);
+    ld_u64_a2(b + 96, s01, s23);
+    const uint32_t s45 = ld_u32_a2(b + 104);
     d = f16_bits_to_f32(ld_u16(b + 108));
     dmin = 0.0f;
-    const uint8_t* scales = b + 96;
+    // Scale k (0..15) = low nibble (k < 8: byte k's low half, else byte k-8's high half) | two high
+    // bits (byte 8 + k%4, bit pair k/4), minus 32. This unit's groups j = 0..3 take k = k0 + 2j
+    // (k0 = 8H + L0/16): bytes k0%2 and k0%2 + 2 of the scale words for k = 8H .. 8H+3 (wa) and
+    // 8H+4 .. 8H+7 (wb), built four at a time.
+    const int sh = 4 * H;
+    const uint32_t wa = ((s01 >> sh) & 0x0F0F0F0Fu) | (((s45 >> sh) & 0x03030303u) << 4);
+    const uint32_t wb = ((s23 >> sh) & 0x0F0F0F0Fu) | (((s45 >> (sh + 2)) & 0x03030303u) << 4);
+    const int b0 = 8 * ((L0 >> 4) & 1);
+    sc[0] = int32_t((wa >> b0) & 0xFF) - 32;
+    sc[1] = int32_t((wa >> (b0 + 16)) & 0xFF) - 32;
+    sc[2] = int32_t((wb >> b0) & 0xFF) - 32;
+    sc[3] = int32_t((wb >> (b0 + 16)) & 0xFF) - 32;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int k = 8 * H + 2 * j + (L0 >> 4);
-      const uint32_t low = k < 8 ? (scales[k] & 0xF) : (scales[k - 8] >> 4);
-      const uint32_t high = (scales[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
-      sc[j] = int32_t(low | (high << 4)) - 32;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        // q + 4 = low two bits | (high bit << 2): the high bit set means +0, clear means -4.
-        const uint32_t q = ((qs[i] >> (2 * j)) & 0x03030303u) | (((hm[i] >> (4 * H + j)) & 0x01010101u) << 2);
-        w[2 * j + i] = __vsub4(q, 0x04040404u);
+        // Weight = low two bits - 4 when the hmask bit is clear: 0xFC (-4) or'ed in per byte.
+        const uint32_t clear = (~(hm[i] >> (4 * H + j))) & 0x01010101u;
+        w[2 * j + i] = ((qs[i] >> (2 * j)) & 0x03030303u) | (clear * 0xFCu);
       }
     }
   }
