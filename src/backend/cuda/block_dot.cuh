@@ -188,7 +188,8 @@ struct Unit<DType::Q6_K> {
         const uint32_t low = (g & 1) ? qb[i] : qa[i];
         // q - 32 per byte: flipping bit 5 gives q - 32 in 6-bit two's complement; bit 5 then
         // extends into bits 6 and 7 (0x20 * 6 = 0xC0, no carry out of the byte).
-        const uint32_t t = (((low >> nib_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4)) ^ 0x20202020u;
+        const uint32_t q = ((low >> nib_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4);
+        const uint32_t t = q ^ 0x20202020u;
         w[2 * g + i] = t | ((t & 0x20202020u) * 6u);
       }
     }

@@ -192,7 +192,8 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     constexpr DType T = decltype(type_constant)::value;
     const dim3 block(kWarps * 32);
     // One token: the few-register build (more warps per SM); more: units decoded once per 8 tokens.
-    auto* kernel = args.x_bf16 ? (args.n == 1 ? gemv_kernel<T, __nv_bfloat16, 1> : gemv_kernel<T, __nv_bfloat16, kMaxTokenGroup>)
+    using Bf16 = __nv_bfloat16;
+    auto* kernel = args.x_bf16 ? (args.n == 1 ? gemv_kernel<T, Bf16, 1> : gemv_kernel<T, Bf16, kMaxTokenGroup>)
                                : (args.n == 1 ? gemv_kernel<T, float, 1> : gemv_kernel<T, float, kMaxTokenGroup>);
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "raising the GEMV kernel's shared memory limit");

@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 4 : 2) moe_gate_u
     if (lane < 2 * tokens) {
       const int r = lane & 1, t = lane >> 1;
       if (row0 + r < p.width)
-        p.act[int64_t(list[i0 + t]) * p.width + row0 + r] = __fmul_rn(silu(scratch[warp][r][t]), scratch[warp][2 + r][t]);
+        p.act[int64_t(list[i0 + t]) * p.width + row0 + r] =
+            __fmul_rn(silu(scratch[warp][r][t]), scratch[warp][2 + r][t]);
     }
     __syncwarp();
   }
@@ -330,7 +331,8 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     auto* kernel = a.n <= kMaxTokenGroup ? moe_gate_up_kernel<T, 1> : moe_gate_up_kernel<T, kMaxTokenGroup>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "raising the MoE gate/up kernel's shared memory limit");
-    check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q), "launching the MoE gate/up kernel");
+    check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q),
+          "launching the MoE gate/up kernel");
   });
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
