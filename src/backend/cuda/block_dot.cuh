@@ -449,8 +449,10 @@ __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp]
 }
 
 // Waits until parts 0 .. part of stage_rows have landed for the whole warp.
-__device__ __forceinline__ void wait_staged_part(int part, int parts) {
-  switch (parts - 1 - part) {  // groups still allowed in flight (an immediate operand)
+// later_groups: commit groups the warp issued after this stage_rows call (rows staged for later),
+// which may stay in flight.
+__device__ __forceinline__ void wait_staged_part(int part, int parts, int later_groups = 0) {
+  switch (parts - 1 - part + later_groups) {  // groups still allowed in flight (an immediate operand)
     case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
     case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
     case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
@@ -519,13 +521,15 @@ __device__ __forceinline__ int owner_index(int lane) {
 // rounded activations over the same K-range. For each of its units a lane decodes the unit in RB
 // rows at a time, then takes each token's 32 activations once for those rows. emit(row, token,
 // value) is called once per (row, token < tokens) by the lane that holds the sum. parts_to_wait:
-// what stage_rows returned, for the first pass over freshly staged rows (0 afterwards).
+// what stage_rows returned, for the first pass over freshly staged rows (0 afterwards);
+// later_groups: commit groups staged after these rows (see wait_staged_part).
 // NT = 1 keeps few registers live (more warps per SM: the batch-1 case); NT = 8 decodes each unit
 // once for 8 tokens. Both give the same bits for a token: its accumulator sees the same
 // operations in the same order, and the butterfly's tree is the same for every value.
 template <DType T, int NT, class Emit>
 __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPerWarp], int k_len, const ActQ8& xq,
-                                            int tokens, int lane, int parts_to_wait, Emit&& emit) {
+                                            int tokens, int lane, int parts_to_wait, int later_groups,
+                                            Emit&& emit) {
   using U = Unit<T>;
   constexpr int RB = NT == 1 ? 1 : 2;  // rows decoded at once
   constexpr int V = kRowsPerWarp * NT;
@@ -535,7 +539,7 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
   const int passes = (units + 31) / 32;
   for (int pass = 0; pass < passes; ++pass) {
-    if (parts_to_wait) wait_staged_part(pass, parts_to_wait);
+    if (parts_to_wait) wait_staged_part(pass, parts_to_wait, later_groups);
     const int u = pass * 32 + lane;
     if (u >= units) continue;
     const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
@@ -584,13 +588,13 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
 template <DType T, int NT, class Emit>
 __device__ __forceinline__ void warp_dot_q8_group(const uint8_t* const staged[kRowsPerWarp], int k_len,
                                                   const ActQ8& xq, int tokens, int lane, int parts_to_wait,
-                                                  Emit&& emit) {
+                                                  int later_groups, Emit&& emit) {
   for (int t0 = 0; t0 < tokens; t0 += NT) {
     ActQ8 sub = xq;
     sub.q += t0 * xq.q_stride;
     sub.s8 += t0 * xq.s8_stride;
     sub.d += t0 * xq.d_stride;
-    warp_dot_q8<T, NT>(staged, k_len, sub, min(NT, tokens - t0), lane, t0 == 0 ? parts_to_wait : 0,
+    warp_dot_q8<T, NT>(staged, k_len, sub, min(NT, tokens - t0), lane, t0 == 0 ? parts_to_wait : 0, later_groups,
                        [&](int r, int t, float v) { emit(r, t0 + t, v); });
   }
 }

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
                     [](const XT* q, float v[8]) { load_x8<XT>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
-    warp_dot_q8_group<T, NT>(staged, k_len, xq, tokens, lane, t0 == 0 ? parts : 0, [&](int r, int t, float v) {
+    warp_dot_q8_group<T, NT>(staged, k_len, xq, tokens, lane, t0 == 0 ? parts : 0, 0, [&](int r, int t, float v) {
       const int64_t row = row0 + r;
       if (row >= p.rows) return;
       if (p.k_splits == 1) p.y[(t0 + t) * p.rows + row] = v;

@@ -10,8 +10,9 @@ namespace {
 
 constexpr int kGateUpWarps = 8;  // each warp: 2 gate rows and the same 2 up rows
 constexpr int kGateUpRows = kGateUpWarps * 2;
-constexpr int kDownWarps = 8;    // each warp: 4 rows of down
-constexpr int kDownRows = kDownWarps * kRowsPerWarp;
+constexpr int kDownWarps = 8;    // each warp: kDownQuads x 4 rows of down, all staged at once
+constexpr int kDownQuads = 2;
+constexpr int kDownRows = kDownWarps * kDownQuads * kRowsPerWarp;
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxPairs = 8192;
 constexpr int kActSmemBudget = 24 * 1024;  // shared bytes for one token group's rounded activations
@@ -33,7 +34,9 @@ size_t gate_up_smem(const MoeShape& s, int64_t n, int64_t pairs) {
          size_t(act_q8_bytes(token_group_for(s.hidden, n), int(s.hidden))) + size_t(pairs) * sizeof(int);
 }
 size_t down_smem(const MoeShape& s, int64_t n, int64_t pairs) {
-  return size_t(kDownWarps) * kRowsPerWarp * staged_row_stride(int(row_bytes(s.down_type, s.width))) + 16 +
+  return size_t(kDownWarps) * kDownQuads * kRowsPerWarp *
+             staged_row_stride(int(row_bytes(s.down_type, s.width))) +
+         16 +
          size_t(act_q8_bytes(token_group_for(s.width, n), int(s.width))) + size_t(pairs) * sizeof(int);
 }
 
@@ -132,7 +135,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 4 : 2) moe_gate_u
                     [](const float* q, float v[8]) { load_x8<float>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
-    warp_dot_q8_group<T, NT>(staged, int(p.hidden), xq, tokens, lane, i0 == 0 ? parts : 0,
+    warp_dot_q8_group<T, NT>(staged, int(p.hidden), xq, tokens, lane, i0 == 0 ? parts : 0, 0,
                    [&](int r, int t, float v) { scratch[warp][r][t] = v; });
     __syncwarp();
     if (lane < 2 * tokens) {
@@ -146,7 +149,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 4 : 2) moe_gate_u
 }
 
 template <DType T, int NT>
-__global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 4 : 2) moe_down_kernel(MoeParams p) {
+__global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int count, shared_key;
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 4 : 2) moe_down_ker
   // The ids were written before the gate/up kernel started (it waited for them), so they can be
   // read now; the weights too. Only the activations need the gate/up kernel finished.
   allow_next_grid();
-  const int staged_bytes = kDownWarps * kRowsPerWarp * p.stride + 16;
+  const int staged_bytes = kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16;
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
   const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);  // as in gate/up: the table read
   ExpertWeights e{};                                                // overlaps the scan of the ids
@@ -177,7 +180,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 4 : 2) moe_down_ker
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row0 = int64_t(blockIdx.x) * kDownRows;
-  const int64_t row0 = tile_row0 + warp * kRowsPerWarp;
+  const int64_t row0 = tile_row0 + warp * kDownQuads * kRowsPerWarp;
   if (key < 0) {
     // Pairs with no valid expert contribute zero rows.
     wait_for_previous_grid();
@@ -186,17 +189,22 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 4 : 2) moe_down_ker
       if (row < p.hidden) p.partial[int64_t(list[i / kDownRows]) * p.hidden + row] = 0.0f;
     }
   } else {
-    const bool has_rows = row0 < p.hidden;
-    const uint8_t* staged[kRowsPerWarp];
-    int parts = 0;
-    if (has_rows) {
-      const int64_t rb = p.width / U::kBlockElems * U::kBlockBytes;
-      const uint8_t* down = static_cast<const uint8_t*>(e.down);
+    // Both quads of the warp's rows go out before either is decoded: twice the bytes in flight
+    // for the same prologue (down rows are short: a whole row is one or two passes).
+    const uint8_t* staged[kDownQuads][kRowsPerWarp];
+    int parts[kDownQuads] = {};
+    const int64_t rb = p.width / U::kBlockElems * U::kBlockBytes;
+    const uint8_t* down = static_cast<const uint8_t*>(e.down);
+#pragma unroll
+    for (int qd = 0; qd < kDownQuads; ++qd) {
+      const int64_t quad_row0 = row0 + qd * kRowsPerWarp;
+      if (quad_row0 >= p.hidden) continue;
       const uint8_t* src[kRowsPerWarp];
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) src[r] = down + (row0 + r < p.hidden ? row0 + r : row0) * rb;
-      parts = stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged,
-                         lane);
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        src[r] = down + (quad_row0 + r < p.hidden ? quad_row0 + r : quad_row0) * rb;
+      parts[qd] = stage_rows(src, int(rb), part_bytes_of<T>(),
+                             smem + (warp * kDownQuads + qd) * kRowsPerWarp * p.stride, p.stride, staged[qd], lane);
     }
     wait_for_previous_grid();
     const ActQ8 xq = act_q8_at(smem + staged_bytes, p.token_group, int(p.width));
@@ -206,12 +214,19 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 4 : 2) moe_down_ker
       quantize_tokens([&](int t) { return p.act + int64_t(list[i0 + t]) * p.width; }, tokens, int(p.width), xq,
                       [](const float* q, float v[8]) { load_x8_coherent(q, v); });
       __syncthreads();
-      if (!has_rows) continue;
-      warp_dot_q8_group<T, NT>(staged, int(p.width), xq, tokens, lane, i0 == 0 ? parts : 0, [&](int r, int t, float v) {
-        const int64_t row = row0 + r;
-        const int pair = list[i0 + t];
-        if (row < p.hidden) p.partial[int64_t(pair) * p.hidden + row] = __fmul_rn(p.weights[pair], v);
-      });
+#pragma unroll
+      for (int qd = 0; qd < kDownQuads; ++qd) {
+        const int64_t quad_row0 = row0 + qd * kRowsPerWarp;
+        if (quad_row0 >= p.hidden) continue;
+        const int later = qd + 1 < kDownQuads && quad_row0 + kRowsPerWarp < p.hidden ? parts[qd + 1] : 0;
+        warp_dot_q8_group<T, NT>(staged[qd], int(p.width), xq, tokens, lane, i0 == 0 ? parts[qd] : 0, later,
+                                 [&](int r, int t, float v) {
+                                   const int64_t row = quad_row0 + r;
+                                   const int pair = list[i0 + t];
+                                   if (row < p.hidden)
+                                     p.partial[int64_t(pair) * p.hidden + row] = __fmul_rn(p.weights[pair], v);
+                                 });
+      }
     }
   }
 

@@ -10,7 +10,8 @@
 //      block stages its gate and up rows in shared memory (16-byte cp.async), rounds its tokens'
 //      x to int8 (block_dot.cuh: the CPU's quantize_activations_q8 rounding), dots gate and up rows
 //      together with __dp4a and writes SiLU(gate) * up per (token, slot) pair in f32.
-//   2. down: the same grouping over 32-row tiles of the hidden size; each block rounds its pairs'
+//   2. down: the same grouping over 64-row tiles of the hidden size (each warp stages two quads of
+//      rows before decoding either); each block rounds its pairs
 //      SiLU(gate) * up rows to int8 the same way; each pair's row times its routing weight goes to
 //      a per-pair partial row; the last block to finish a tile adds the partial rows of each token
 //      in slot order.
