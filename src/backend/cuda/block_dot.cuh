@@ -108,9 +108,8 @@ struct UnitQ45K {
   float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int p = s >> 1, l0 = 16 * (s & 1);
-    const uint32_t head = *reinterpret_cast<const uint32_t*>(b);  // d, dmin
-    const uint32_t a = *reinterpret_cast<const uint32_t*>(b + 4), bb = *reinterpret_cast<const uint32_t*>(b + 8),
-                   c = *reinterpret_cast<const uint32_t*>(b + 12);
+    const uint4 h16 = *reinterpret_cast<const uint4*>(b);  // d, dmin, then the 12 scale bytes
+    const uint32_t head = h16.x, a = h16.y, bb = h16.z, c = h16.w;
     const uint4 q4 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * p + l0);
     const uint32_t qs[4] = {q4.x, q4.y, q4.z, q4.w};
     uint32_t qh[4] = {0, 0, 0, 0};
@@ -411,37 +410,40 @@ __host__ __device__ constexpr int staged_row_stride(int seg_bytes) { return (seg
 __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp], int seg_bytes, int part_bytes,
                                           uint8_t* slot, int stride, const uint8_t* staged[kRowsPerWarp], int lane) {
   const int parts = (seg_bytes + part_bytes - 1) / part_bytes;
-  int first_piece[kRowsPerWarp];
+  // Per row, in 32-bit offsets from its first aligned chunk: the head (start & 15), the chunks
+  // wholly inside the segment, and the next chunk of each part.
+  const uint8_t* base[kRowsPerWarp];
+  unsigned dst_s[kRowsPerWarp];
+  int head[kRowsPerWarp], full[kRowsPerWarp], next[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const uintptr_t start = reinterpret_cast<uintptr_t>(src[r]);
-    staged[r] = slot + r * stride + (start & 15);
-    first_piece[r] = 0;
+    head[r] = int(start & 15);
+    base[r] = reinterpret_cast<const uint8_t*>(start - uintptr_t(head[r]));
+    staged[r] = slot + r * stride + head[r];
+    dst_s[r] = static_cast<unsigned>(__cvta_generic_to_shared(slot + r * stride));
+    full[r] = (head[r] + seg_bytes) / 16;
+    next[r] = 0;
   }
   for (int part = 0; part < parts; ++part) {
+    const int part_end = min((part + 1) * part_bytes, seg_bytes);
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const uintptr_t start = reinterpret_cast<uintptr_t>(src[r]);
-      const uintptr_t base = start & ~uintptr_t(15);
-      const uintptr_t end = start + uintptr_t(seg_bytes);
-      // Pieces whose first byte lies before the end of this part (a piece that straddles two parts
+      // Chunks whose first byte lies before the end of this part (a chunk that straddles two parts
       // belongs to the earlier one, which needs it first).
-      const uintptr_t part_end = start + uintptr_t(min((part + 1) * part_bytes, seg_bytes));
-      const int last_piece = int((part_end - base + 15) / 16);
-      uint8_t* dst = slot + r * stride;
-      for (int c = first_piece[r] + lane; c < last_piece; c += 32) {
-        const uintptr_t from = base + uintptr_t(c) * 16;
-        if (end - from >= 16) {
-          const unsigned dst_s = static_cast<unsigned>(__cvta_generic_to_shared(dst + c * 16));
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_s), "l"(from));
+      const int last = (head[r] + part_end + 15) / 16;
+      for (int c = next[r] + lane; c < last; c += 32) {
+        if (c < full[r]) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_s[r] + unsigned(c) * 16u),
+                       "l"(base[r] + c * 16));
         } else {
           // The segment's last bytes, where it ends inside a 16-byte chunk: byte loads, so
           // nothing past the end (maybe the end of the allocation) is touched.
-          const uint8_t* p = reinterpret_cast<const uint8_t*>(from);
-          for (int i = 0; i < 16; ++i) dst[c * 16 + i] = from + i < end ? p[i] : uint8_t(0);
+          uint8_t* dst = slot + r * stride + c * 16;
+          for (int i = 0; i < 16; ++i) dst[i] = c * 16 + i < head[r] + seg_bytes ? base[r][c * 16 + i] : uint8_t(0);
         }
       }
-      first_piece[r] = last_piece;
+      next[r] = last;
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
@@ -517,6 +519,33 @@ __device__ __forceinline__ int owner_index(int lane) {
   return index;
 }
 
+// Token t's activations for unit `slot` of the block at x0: the 8 words the unit's groups take,
+// their sums of 8 (formats with mins), and the activation block's scale.
+template <class U>
+__device__ __forceinline__ void load_unit_x(const ActQ8& xq, int t, int x0, int slot, uint32_t x[8], int32_t s8[4],
+                                            float& dx) {
+  const int8_t* xt = xq.q + t * xq.q_stride + x0;
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    const uint2 v = *reinterpret_cast<const uint2*>(xt + U::x_offset(slot, g));
+    x[2 * g] = v.x;
+    x[2 * g + 1] = v.y;
+  }
+  if constexpr (U::kHasMin) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) s8[g] = xq.s8[t * xq.s8_stride + (x0 + U::x_offset(slot, g)) / 8];
+  }
+  dx = xq.d[t * xq.d_stride + (x0 + U::x_offset(slot, 0)) / kActBlock];
+}
+
+// d * S - dmin * M of one unit against one token's activations (before the activation scale).
+template <class U>
+__device__ __forceinline__ float unit_value(const U& unit, const uint32_t x[8], const int32_t s8[4]) {
+  float f = __fmul_rn(unit.d, __int2float_rn(unit.dot(x)));
+  if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(unit.dmin, __int2float_rn(unit.min_dot(s8))));
+  return f;
+}
+
 // Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with `tokens` (1 .. NT) tokens'
 // rounded activations over the same K-range. For each of its units a lane decodes the unit in RB
 // rows at a time, then takes each token's 32 activations once for those rows. emit(row, token,
@@ -544,34 +573,34 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
     if (u >= units) continue;
     const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
     const int x0 = block * U::kBlockElems;
-    const int dx_index = (x0 + U::x_offset(slot, 0)) / kActBlock;
+    if constexpr (NT == 1) {
+      // One token: its activations for this unit once, then the rows one after another.
+      uint32_t x[8];
+      int32_t s8[4] = {0, 0, 0, 0};
+      float dx;
+      load_unit_x<U>(xq, 0, x0, slot, x, s8, dx);
 #pragma unroll
-    for (int r0 = 0; r0 < kRowsPerWarp; r0 += RB) {
-      U unit[RB];
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        U unit;
+        unit.load(staged[r] + block * U::kBlockBytes, slot);
+        acc[r] = __fmaf_rn(dx, unit_value(unit, x, s8), acc[r]);
+      }
+    } else {
 #pragma unroll
-      for (int r = 0; r < RB; ++r) unit[r].load(staged[r0 + r] + block * U::kBlockBytes, slot);
+      for (int r0 = 0; r0 < kRowsPerWarp; r0 += RB) {
+        U unit[RB];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (t < tokens) {
-          const int8_t* xt = xq.q + t * xq.q_stride + x0;
-          uint32_t x[8];
+        for (int r = 0; r < RB; ++r) unit[r].load(staged[r0 + r] + block * U::kBlockBytes, slot);
 #pragma unroll
-          for (int g = 0; g < 4; ++g) {
-            const uint2 v = *reinterpret_cast<const uint2*>(xt + U::x_offset(slot, g));
-            x[2 * g] = v.x;
-            x[2 * g + 1] = v.y;
-          }
-          int32_t s8[4] = {0, 0, 0, 0};
-          if constexpr (U::kHasMin) {
+        for (int t = 0; t < NT; ++t) {
+          if (t < tokens) {
+            uint32_t x[8];
+            int32_t s8[4] = {0, 0, 0, 0};
+            float dx;
+            load_unit_x<U>(xq, t, x0, slot, x, s8, dx);
 #pragma unroll
-            for (int g = 0; g < 4; ++g) s8[g] = xq.s8[t * xq.s8_stride + (x0 + U::x_offset(slot, g)) / 8];
-          }
-          const float dx = xq.d[t * xq.d_stride + dx_index];
-#pragma unroll
-          for (int r = 0; r < RB; ++r) {
-            float f = __fmul_rn(unit[r].d, __int2float_rn(unit[r].dot(x)));
-            if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(unit[r].dmin, __int2float_rn(unit[r].min_dot(s8))));
-            acc[(r0 + r) * NT + t] = __fmaf_rn(dx, f, acc[(r0 + r) * NT + t]);
+            for (int r = 0; r < RB; ++r)
+              acc[(r0 + r) * NT + t] = __fmaf_rn(dx, unit_value(unit[r], x, s8), acc[(r0 + r) * NT + t]);
           }
         }
       }
