@@ -94,7 +94,7 @@ __device__ int gather_pairs(const MoeParams& p, int pair, int* list, int* shared
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
 template <DType T, int NT>
-__global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 4 : 2) moe_gate_up_kernel(MoeParams p) {
+__global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_up_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float scratch[kGateUpWarps][kRowsPerWarp][kMaxTokenGroup];
