@@ -74,6 +74,8 @@ struct Unit;
 
 template <>
 struct Unit<DType::Q8_0> {
+  static constexpr int kXWords = 8, kSumWords = 4;
+  static constexpr bool kOwnLoads = false;
   static constexpr int kUnitsPerBlock = 1, kBlockElems = 32, kBlockBytes = 34;
   static constexpr bool kHasMin = false;
   uint32_t w[8];
@@ -94,64 +96,86 @@ struct Unit<DType::Q8_0> {
   __device__ __forceinline__ int32_t min_dot(const int32_t*) const { return 0; }
 };
 
-// Q4_K and Q5_K: unit s of 8 covers qs bytes 32p + l0 .. +16 (p = s/2, l0 = 16 (s%2)): their low
-// nibbles are sub-block 2p, their high nibbles sub-block 2p+1, at positions l0 .. l0+15. Groups 0, 1
-// are the low nibbles (w[0..3]), groups 2, 3 the high ones (w[4..7]).
+// Q4_K and Q5_K: unit s of 4 is sub-block pair s: qs bytes 32s .. 32s+31, whose low nibbles are
+// sub-block 2s (activations 64s .. 64s+31) and high nibbles sub-block 2s+1 (64s+32 .. 64s+63), so
+// one lane decodes the pair's scales once for 64 weights. w[0..7] are the low nibbles, w[8..15]
+// the high ones; the activations come as four 16-byte words and the min term's sums as the eight
+// sums of 8 of the pair (one 16-byte word).
 template <bool kFiveBit>
 struct UnitQ45K {
-  static constexpr int kUnitsPerBlock = 8, kBlockElems = 256;
+  static constexpr int kUnitsPerBlock = 4, kBlockElems = 256;
   static constexpr int kBlockBytes = kFiveBit ? 176 : 144;
   static constexpr int kQsOffset = kFiveBit ? 48 : 16;
   static constexpr bool kHasMin = true;
-  uint32_t w[8];
-  int32_t sc[2], mn[2];
+  static constexpr int kXWords = 16, kSumWords = 4;
+  static constexpr bool kOwnLoads = true;
+  uint32_t w[16];
+  uint32_t mn_pack[2];  // (min, min) of each sub-block as an int8 pair, for dp2a
+  int32_t sc[2];
   float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
-    const int p = s >> 1, l0 = 16 * (s & 1);
     const uint4 h16 = *reinterpret_cast<const uint4*>(b);  // d, dmin, then the 12 scale bytes
     const uint32_t head = h16.x, a = h16.y, bb = h16.z, c = h16.w;
-    const uint4 q4 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * p + l0);
-    const uint32_t qs[4] = {q4.x, q4.y, q4.z, q4.w};
-    uint32_t qh[4] = {0, 0, 0, 0};
+    const uint4 q0 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * s);
+    const uint4 q1 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * s + 16);
+    const uint32_t qs[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    uint32_t qh[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if constexpr (kFiveBit) {
-      const uint4 h4 = *reinterpret_cast<const uint4*>(b + 16 + l0);
-      qh[0] = h4.x, qh[1] = h4.y, qh[2] = h4.z, qh[3] = h4.w;
+      const uint4 h0 = *reinterpret_cast<const uint4*>(b + 16);
+      const uint4 h1 = *reinterpret_cast<const uint4*>(b + 32);
+      qh[0] = h0.x, qh[1] = h0.y, qh[2] = h0.z, qh[3] = h0.w, qh[4] = h1.x, qh[5] = h1.y, qh[6] = h1.z, qh[7] = h1.w;
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 8; ++i) {
       w[i] = qs[i] & 0x0F0F0F0Fu;
-      w[4 + i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+      w[8 + i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
       if constexpr (kFiveBit) {
-        w[i] |= ((qh[i] >> (2 * p)) & 0x01010101u) << 4;
-        w[4 + i] |= ((qh[i] >> (2 * p + 1)) & 0x01010101u) << 4;
+        w[i] |= ((qh[i] >> (2 * s)) & 0x01010101u) << 4;
+        w[8 + i] |= ((qh[i] >> (2 * s + 1)) & 0x01010101u) << 4;
       }
     }
     d = f16_bits_to_f32(uint16_t(head & 0xFFFF));
     dmin = f16_bits_to_f32(uint16_t(head >> 16));
     // The eight 6-bit scales and mins as bytes of two words each (sub-blocks 0-3, 4-7); this
-    // unit's pair (2p, 2p+1) is one half of one of them.
-    const uint32_t sc_word = p < 2 ? (a & 0x3F3F3F3Fu) : ((c & 0x0F0F0F0Fu) | (((a >> 6) & 0x03030303u) << 4));
-    const uint32_t mn_word = p < 2 ? (bb & 0x3F3F3F3Fu) : (((c >> 4) & 0x0F0F0F0Fu) | (((bb >> 6) & 0x03030303u) << 4));
-    const int shift = 16 * (p & 1);
+    // unit's pair (2s, 2s+1) is one half of one of them.
+    const uint32_t sc_word = s < 2 ? (a & 0x3F3F3F3Fu) : ((c & 0x0F0F0F0Fu) | (((a >> 6) & 0x03030303u) << 4));
+    const uint32_t mn_word = s < 2 ? (bb & 0x3F3F3F3Fu) : (((c >> 4) & 0x0F0F0F0Fu) | (((bb >> 6) & 0x03030303u) << 4));
+    const int shift = 16 * (s & 1);
     sc[0] = int32_t((sc_word >> shift) & 0xFF);
     sc[1] = int32_t((sc_word >> (shift + 8)) & 0xFF);
-    mn[0] = int32_t((mn_word >> shift) & 0xFF);
-    mn[1] = int32_t((mn_word >> (shift + 8)) & 0xFF);
+    const uint32_t m0 = (mn_word >> shift) & 0xFF, m1 = (mn_word >> (shift + 8)) & 0xFF;
+    mn_pack[0] = m0 * 0x0101u;
+    mn_pack[1] = m1 * 0x0101u;
   }
-  __device__ static __forceinline__ int x_offset(int s, int g) {
-    return 64 * (s >> 1) + 16 * (s & 1) + 8 * (g & 1) + 32 * (g >> 1);
-  }
-  __device__ __forceinline__ int32_t dot(const uint32_t x[8]) const {
-    int32_t lo = 0, hi = 0;
+  __device__ static __forceinline__ int x_offset(int s, int g) { return 64 * s + 8 * g; }
+  __device__ static __forceinline__ void load_x(const int8_t* xb, int s, uint32_t (&x)[16]) {
+    const uint4* p = reinterpret_cast<const uint4*>(xb + 64 * s);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      const uint4 v = p[i];
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+  }
+  // The pair's eight sums of 8 as int16 pairs in four words (low sub-block: words 0, 1).
+  __device__ static __forceinline__ void load_sums(const int16_t* sb, int s, int32_t (&s8)[4]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(sb + 8 * s);
+    s8[0] = int32_t(v.x), s8[1] = int32_t(v.y), s8[2] = int32_t(v.z), s8[3] = int32_t(v.w);
+  }
+  __device__ __forceinline__ int32_t dot(const uint32_t (&x)[16]) const {
+    int32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
       lo = dot4(w[i], x[i], lo);
-      hi = dot4(w[4 + i], x[4 + i], hi);
+      hi = dot4(w[8 + i], x[8 + i], hi);
     }
     return sc[0] * lo + sc[1] * hi;
   }
-  __device__ __forceinline__ int32_t min_dot(const int32_t s8[4]) const {
-    return mn[0] * (s8[0] + s8[1]) + mn[1] * (s8[2] + s8[3]);
+  __device__ __forceinline__ int32_t min_dot(const int32_t (&s8)[4]) const {
+    // dp2a: two int16 sums times two int8 copies of the min, exactly.
+    int32_t m = __dp2a_lo(s8[0], int(mn_pack[0]), 0);
+    m = __dp2a_lo(s8[1], int(mn_pack[0]), m);
+    m = __dp2a_lo(s8[2], int(mn_pack[1]), m);
+    return __dp2a_lo(s8[3], int(mn_pack[1]), m);
   }
 };
 template <>
@@ -164,6 +188,8 @@ struct Unit<DType::Q5_K> : UnitQ45K<true> {};
 // stored offset of 32 is taken off each lane (q - 32 fits int8).
 template <>
 struct Unit<DType::Q6_K> {
+  static constexpr int kXWords = 8, kSumWords = 4;
+  static constexpr bool kOwnLoads = false;
   static constexpr int kUnitsPerBlock = 8, kBlockElems = 256, kBlockBytes = 210;
   static constexpr bool kHasMin = false;
   uint32_t w[8];
@@ -208,6 +234,8 @@ struct Unit<DType::Q6_K> {
 // sub-block 8H + 2j + L0/16.
 template <>
 struct Unit<DType::Q3_K> {
+  static constexpr int kXWords = 8, kSumWords = 4;
+  static constexpr bool kOwnLoads = false;
   static constexpr int kUnitsPerBlock = 8, kBlockElems = 256, kBlockBytes = 110;
   static constexpr bool kHasMin = false;
   uint32_t w[8];
@@ -256,6 +284,8 @@ struct Unit<DType::Q3_K> {
 
 template <>
 struct Unit<DType::Q2_K> {
+  static constexpr int kXWords = 8, kSumWords = 4;
+  static constexpr bool kOwnLoads = false;
   static constexpr int kUnitsPerBlock = 8, kBlockElems = 256, kBlockBytes = 84;
   static constexpr bool kHasMin = true;
   uint32_t w[8];
@@ -519,28 +549,37 @@ __device__ __forceinline__ int owner_index(int lane) {
   return index;
 }
 
-// Token t's activations for unit `slot` of the block at x0: the 8 words the unit's groups take,
-// their sums of 8 (formats with mins), and the activation block's scale.
+// Token t's activations for unit `slot` of the block at x0: the words the unit's dot takes, the
+// sums its min term takes (formats with mins), and the activation block's scale. Units of 32
+// weights take four groups of 8 at x_offset(slot, g) and their sums of 8; a unit may bring its own
+// loads (load_x / load_sums).
 template <class U>
-__device__ __forceinline__ void load_unit_x(const ActQ8& xq, int t, int x0, int slot, uint32_t x[8], int32_t s8[4],
-                                            float& dx) {
+__device__ __forceinline__ void load_unit_x(const ActQ8& xq, int t, int x0, int slot, uint32_t (&x)[U::kXWords],
+                                            int32_t (&s8)[U::kSumWords], float& dx) {
   const int8_t* xt = xq.q + t * xq.q_stride + x0;
+  const int16_t* st = xq.s8 + t * xq.s8_stride + x0 / 8;
+  if constexpr (U::kOwnLoads) {
+    U::load_x(xt, slot, x);
+    if constexpr (U::kHasMin) U::load_sums(st, slot, s8);
+  } else {
 #pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    const uint2 v = *reinterpret_cast<const uint2*>(xt + U::x_offset(slot, g));
-    x[2 * g] = v.x;
-    x[2 * g + 1] = v.y;
-  }
-  if constexpr (U::kHasMin) {
+    for (int g = 0; g < 4; ++g) {
+      const uint2 v = *reinterpret_cast<const uint2*>(xt + U::x_offset(slot, g));
+      x[2 * g] = v.x;
+      x[2 * g + 1] = v.y;
+    }
+    if constexpr (U::kHasMin) {
 #pragma unroll
-    for (int g = 0; g < 4; ++g) s8[g] = xq.s8[t * xq.s8_stride + (x0 + U::x_offset(slot, g)) / 8];
+      for (int g = 0; g < 4; ++g) s8[g] = st[U::x_offset(slot, g) / 8];
+    }
   }
   dx = xq.d[t * xq.d_stride + (x0 + U::x_offset(slot, 0)) / kActBlock];
 }
 
 // d * S - dmin * M of one unit against one token's activations (before the activation scale).
 template <class U>
-__device__ __forceinline__ float unit_value(const U& unit, const uint32_t x[8], const int32_t s8[4]) {
+__device__ __forceinline__ float unit_value(const U& unit, const uint32_t (&x)[U::kXWords],
+                                            const int32_t (&s8)[U::kSumWords]) {
   float f = __fmul_rn(unit.d, __int2float_rn(unit.dot(x)));
   if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(unit.dmin, __int2float_rn(unit.min_dot(s8))));
   return f;
@@ -575,8 +614,8 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
     const int x0 = block * U::kBlockElems;
     if constexpr (NT == 1) {
       // One token: its activations for this unit once, then the rows one after another.
-      uint32_t x[8];
-      int32_t s8[4] = {0, 0, 0, 0};
+      uint32_t x[U::kXWords];
+      int32_t s8[U::kSumWords] = {};
       float dx;
       load_unit_x<U>(xq, 0, x0, slot, x, s8, dx);
 #pragma unroll
@@ -594,8 +633,8 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           if (t < tokens) {
-            uint32_t x[8];
-            int32_t s8[4] = {0, 0, 0, 0};
+            uint32_t x[U::kXWords];
+            int32_t s8[U::kSumWords] = {};
             float dx;
             load_unit_x<U>(xq, t, x0, slot, x, s8, dx);
 #pragma unroll
