@@ -234,30 +234,34 @@ struct Unit<DType::Q6_K> {
 // sub-block 8H + 2j + L0/16.
 template <>
 struct Unit<DType::Q3_K> {
-  static constexpr int kXWords = 8, kSumWords = 4;
-  static constexpr bool kOwnLoads = false;
-  static constexpr int kUnitsPerBlock = 8, kBlockElems = 256, kBlockBytes = 110;
+  // Unit s of 4: half H = s/2 of the block, bytes L0 .. L0+15 (L0 = 16 (s%2)) of its qs and of
+  // hmask: four groups of 16 weights (128H + 32j + L0 ..), one scale each, 64 weights per lane.
+  static constexpr int kUnitsPerBlock = 4, kBlockElems = 256, kBlockBytes = 110;
   static constexpr bool kHasMin = false;
-  uint32_t w[8];
+  static constexpr int kXWords = 16, kSumWords = 4;
+  static constexpr bool kOwnLoads = true;
+  uint32_t w[16];
   int32_t sc[4];
   float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
-    const int H = s >> 2, L0 = 8 * (s & 3);
-    uint32_t qs[2], hm[2], s01, s23;
+    const int H = s >> 1, L0 = 16 * (s & 1);
+    uint32_t qs[4], hm[4], s01, s23;
     ld_u64_a2(b + 32 + 32 * H + L0, qs[0], qs[1]);
+    ld_u64_a2(b + 32 + 32 * H + L0 + 8, qs[2], qs[3]);
     ld_u64_a2(b + L0, hm[0], hm[1]);
+    ld_u64_a2(b + L0 + 8, hm[2], hm[3]);
     ld_u64_a2(b + 96, s01, s23);
     const uint32_t s45 = ld_u32_a2(b + 104);
     d = f16_bits_to_f32(ld_u16(b + 108));
     dmin = 0.0f;
     // Scale k (0..15) = low nibble (k < 8: byte k's low half, else byte k-8's high half) | two high
     // bits (byte 8 + k%4, bit pair k/4), minus 32. This unit's groups j = 0..3 take k = k0 + 2j
-    // (k0 = 8H + L0/16): bytes k0%2 and k0%2 + 2 of the scale words for k = 8H .. 8H+3 (wa) and
+    // (k0 = 8H + s%2): bytes s%2 and s%2 + 2 of the scale words for k = 8H .. 8H+3 (wa) and
     // 8H+4 .. 8H+7 (wb), built four at a time.
     const int sh = 4 * H;
     const uint32_t wa = ((s01 >> sh) & 0x0F0F0F0Fu) | (((s45 >> sh) & 0x03030303u) << 4);
     const uint32_t wb = ((s23 >> sh) & 0x0F0F0F0Fu) | (((s45 >> (sh + 2)) & 0x03030303u) << 4);
-    const int b0 = 8 * ((L0 >> 4) & 1);
+    const int b0 = 8 * (s & 1);
     sc[0] = int32_t((wa >> b0) & 0xFF) - 32;
     sc[1] = int32_t((wa >> (b0 + 16)) & 0xFF) - 32;
     sc[2] = int32_t((wb >> b0) & 0xFF) - 32;
@@ -265,18 +269,33 @@ struct Unit<DType::Q3_K> {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < 4; ++i) {
         // Weight = low two bits - 4 when the hmask bit is clear: 0xFC (-4) or'ed in per byte.
         const uint32_t clear = (~(hm[i] >> (4 * H + j))) & 0x01010101u;
-        w[2 * j + i] = ((qs[i] >> (2 * j)) & 0x03030303u) | (clear * 0xFCu);
+        w[4 * j + i] = ((qs[i] >> (2 * j)) & 0x03030303u) | (clear * 0xFCu);
       }
     }
   }
-  __device__ static __forceinline__ int x_offset(int s, int g) { return 128 * (s >> 2) + 32 * g + 8 * (s & 3); }
-  __device__ __forceinline__ int32_t dot(const uint32_t x[8]) const {
+  __device__ static __forceinline__ int x_offset(int s, int g) {  // g = 0..7: 8 weights each
+    return 128 * (s >> 1) + 32 * (g >> 1) + 16 * (s & 1) + 8 * (g & 1);
+  }
+  __device__ static __forceinline__ void load_x(const int8_t* xb, int s, uint32_t (&x)[16]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = *reinterpret_cast<const uint4*>(xb + 128 * (s >> 1) + 32 * j + 16 * (s & 1));
+      x[4 * j] = v.x, x[4 * j + 1] = v.y, x[4 * j + 2] = v.z, x[4 * j + 3] = v.w;
+    }
+  }
+  __device__ static __forceinline__ void load_sums(const int16_t*, int, int32_t (&)[4]) {}
+  __device__ __forceinline__ int32_t dot(const uint32_t (&x)[16]) const {
     int32_t s = 0;
 #pragma unroll
-    for (int g = 0; g < 4; ++g) s += sc[g] * dot4(w[2 * g + 1], x[2 * g + 1], dot4(w[2 * g], x[2 * g], 0));
+    for (int j = 0; j < 4; ++j) {
+      int32_t g = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) g = dot4(w[4 * j + i], x[4 * j + i], g);
+      s += sc[j] * g;
+    }
     return s;
   }
   __device__ __forceinline__ int32_t min_dot(const int32_t*) const { return 0; }
