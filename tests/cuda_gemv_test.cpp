@@ -1,10 +1,13 @@
 // The CUDA quantized GEMV (backend/cuda/gemv.h) against its CPU twin: the reference dequantizer's
-// weights dotted with the activations in float64. Bound per output: gamma * sum_i |x_i| (|w_i| +
-// |ml_i|) with gamma from the longest rounding chain of the kernel's arithmetic (cuda_test_util.h).
+// weights dotted in float64 with the activations rounded to int8 by quant::quantize_activations_q8
+// (the kernels' rounding is the same, bit for bit: checked here too). Bound per output:
+// gamma * sum_i |x'_i| (|w_i| + |ml_i|) with gamma from the longest rounding chain of the kernel's
+// arithmetic (cuda_test_util.h).
 #include <gtest/gtest.h>
 
 #if SPILL_HAVE_CUDA
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -67,18 +70,20 @@ void expect_matches_twin(const GemvCase& c, uint64_t seed) {
   std::vector<float> x;
   const GemvRun run = run_gemv(c, w, x, c.n, seed);
   const int64_t rb = row_bytes(c.type, c.cols);
-  const double gamma = test::dot_error_gamma(run.plan.k_chunk, run.plan.k_splits);
+  const double gamma = test::q8_dot_error_gamma(run.plan.k_chunk, run.plan.k_splits);
   std::vector<float> row(size_t(c.cols)), off(size_t(c.cols));
+  std::vector<std::vector<double>> xq;
+  for (int64_t t = 0; t < c.n; ++t) xq.push_back(test::rounded_activations(x.data() + t * c.cols, c.cols));
   int64_t bad = 0;
   for (int64_t r = 0; r < c.rows; ++r) {
     quant::dequantize_row(c.type, w.data() + r * rb, row.data(), c.cols);
     test::offset_magnitudes(c.type, w.data() + r * rb, c.cols, off.data());
     for (int64_t t = 0; t < c.n; ++t) {
-      const float* xt = x.data() + t * c.cols;
+      const std::vector<double>& xt = xq[size_t(t)];
       double ref = 0, mag = 0;
       for (int64_t i = 0; i < c.cols; ++i) {
-        ref += double(row[size_t(i)]) * xt[i];
-        mag += std::fabs(double(xt[i])) * (std::fabs(double(row[size_t(i)])) + off[size_t(i)]);
+        ref += double(row[size_t(i)]) * xt[size_t(i)];
+        mag += std::fabs(xt[size_t(i)]) * (std::fabs(double(row[size_t(i)])) + off[size_t(i)]);
       }
       const float got = run.y[size_t(t * c.rows + r)];
       const double bound = gamma * mag;
@@ -97,13 +102,14 @@ TEST_P(CudaGemvTest, MatchesCpuTwinOverAwkwardShapes) {
   SPILL_SKIP_WITHOUT_GPU();
   const DType t = GetParam();
   const int64_t be = dtype_block_elems(t);
-  // Widths not powers of two where the format allows; row counts that leave partial tiles; a
-  // short wide matrix that K-splits; batches 1, 3, 8 and 11 (more than one token group of 4).
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {1, be * 3}, {45, 768}, {300, 1280}, {19, 4096}, {130, 2304}};
+  // Widths not powers of two where the format allows (Q8_0: 96 and 4128 end in a short activation
+  // block); row counts that leave partial tiles; a short wide matrix that K-splits; batches 1, 3,
+  // 8, 11 and 17 (more than one token group of 8).
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, be * 3}, {45, 768}, {300, 1280}, {19, 4096}, {130, 2304}};
+  if (be == 32) shapes.push_back({33, 4128});
   uint64_t seed = 1;
   for (const auto& [rows, cols] : shapes)
-    for (int64_t n : {1, 3, 8, 11})
+    for (int64_t n : {1, 3, 8, 11, 17})
       for (bool bf16 : {false, true}) {
         if (bf16 && n == 3) continue;
         expect_matches_twin({t, rows, cols, n, bf16}, seed++);
@@ -136,6 +142,51 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaGemvTest,
                          ::testing::Values(DType::Q8_0, DType::Q4_K, DType::Q3_K, DType::Q6_K, DType::Q2_K,
                                            DType::Q5_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CudaGemv, RoundsActivationsToInt8ExactlyAsTheCpu) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // Row lengths with a short last block (96, 288, 4128), a block of zeros, tiny and huge values,
+  // and values that land on .5 after scaling (ties round to even on both sides).
+  std::mt19937 rng{7};
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t cols : {32, 96, 288, 2048, 4128}) {
+    const int64_t n = 3;
+    std::vector<float> x(size_t(n * cols));
+    for (float& v : x) v = dist(rng);
+    for (int64_t i = 0; i < std::min<int64_t>(cols, 256); ++i) x[size_t(cols + i)] = 0.0f;  // token 1, block 0
+    for (int64_t i = 0; i < cols; ++i) x[size_t(2 * cols + i)] = float(int(i % 255) - 127) * (i % 7 ? 1e-3f : 3e4f);
+    DeviceBuffer dx(x.size() * 4), dq(x.size()), dd(size_t(n * ((cols + 255) / 256)) * 4);
+    dx.upload(x.data(), dx.bytes);
+    cuda::quantize_activations_q8(dx.as<float>(), n, cols, dq.as<int8_t>(), dd.as<float>(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto q = test::download<int8_t>(dq.ptr, x.size());
+    const auto d = test::download<float>(dd.ptr, size_t(n * ((cols + 255) / 256)));
+    for (int64_t t = 0; t < n; ++t) {
+      quant::ActivationsQ8 want;
+      quant::quantize_activations_q8(x.data() + t * cols, cols, want);
+      ASSERT_EQ(std::memcmp(q.data() + t * cols, want.q.data(), size_t(cols)), 0) << "cols " << cols << " token " << t;
+      ASSERT_EQ(std::memcmp(d.data() + t * ((cols + 255) / 256), want.d.data(), want.d.size() * 4), 0)
+          << "cols " << cols << " token " << t;
+    }
+  }
+}
+
+TEST(CudaGemv, NonFiniteActivationGivesNaNNotAFiniteGuess) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const int64_t rows = 16, cols = 512;
+  std::vector<uint8_t> w(size_t(rows * row_bytes(DType::Q8_0, cols)));
+  quant::fill_random_blocks(DType::Q8_0, w.data(), int64_t(w.size()) / 34, 3);
+  std::vector<float> x(size_t(cols), 0.5f);
+  x[300] = std::nanf("");
+  const auto plan = cuda::plan_gemv(DType::Q8_0, rows, cols, 1);
+  DeviceBuffer dw(w.size()), dx(x.size() * 4), dy(size_t(rows) * 4), ws(size_t(plan.workspace_bytes));
+  dw.upload(w.data(), w.size());
+  dx.upload(x.data(), dx.bytes);
+  cuda::init_gemv_workspace(plan, ws.ptr, nullptr);
+  cuda::gemv(plan, {.weights = dw.ptr, .x = dx.ptr, .n = 1, .y = dy.as<float>(), .workspace = ws.ptr}, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (float v : test::download<float>(dy.ptr, size_t(rows))) EXPECT_TRUE(std::isnan(v)) << v;
+}
 
 TEST(CudaGemv, RefusesUnsupportedTypesAndShapesClearly) {
   EXPECT_THROW(cuda::plan_gemv(DType::IQ4_XS, 16, 256, 1), Error);

@@ -2,11 +2,16 @@
 // awkward batches and routings; batch invariance; the expert table pointing at mapped pinned host
 // memory; the table changing under a captured graph.
 //
-// Bound per output, from the arithmetic (all f32, rounding chains as in cuda_test_util.h):
-//   gate/up: |dg| <= G_gu * sum |x| (|w| + |ml|)            (likewise du)
+// The kernels round their inputs to int8 per block of 256 (x for gate/up, the activations h for
+// down: quant::quantize_activations_q8's rounding, block_dot.cuh). The twin is given the rounded x'
+// (the same values the kernels dot with; rounded to f32 for it) and keeps h unrounded, so the bound
+// carries the rounding of h. Per output, from the arithmetic (e = 2^-24):
+//   gate/up: |dg| <= G_gu * sum |x'| (|w| + |ml|)           (likewise du; G_gu includes the f32 x')
 //   act h = silu(g) u: |dh| <= 1.1 (|dg| + e|g|) (|u| + |du|) + (|silu g| + 1.1 |dg|)(|du| + e|u|) + 8e|h|
-//            (|silu'| <= 1.1; expf, the division and the product each a few ulp; e = 2^-24)
-//   down: |dy| <= sum |wd| |dh| + G_d * sum (|wd| + |ml|)(|h| + |dh|) + e|y|
+//            (|silu'| <= 1.1; expf, the division and the product each a few ulp)
+//   rounding of h: |qh_i| <= max over i's block of (|h| + |dh|) / 254 (1 + e) + 3.01 e (|h_i| + |dh_i|)
+//            (half a step of the block's scale, plus the f32 roundings of 127 / max and h * that)
+//   down: |dy| <= sum |wd| (|dh| + |qh|) + G_d * sum (|wd| + |ml|)(|h| + |dh| + |qh|) + e|y|
 //   out: sum over slots of |weight| (|dy| + 2e|y|) + top_k e sum |weight y|
 // where the twin rounds each stage to f32 too (its own e terms are inside the above).
 #include <gtest/gtest.h>
@@ -97,6 +102,21 @@ Routing random_routing(const MoeCase& c, int64_t n, int32_t pool, uint64_t seed)
   return r;
 }
 
+// The twin's output for the rounded activations the kernels take (x' rounded to f32 for it).
+std::vector<float> run_twin(const MoeCase& c, const std::vector<cpu::BlockExpert>& experts, const Routing& r,
+                            int64_t n) {
+  std::vector<float> xr(r.x.size());
+  for (int64_t t = 0; t < n; ++t) {
+    const auto xq = test::rounded_activations(r.x.data() + t * c.hidden, c.hidden);
+    for (int64_t i = 0; i < c.hidden; ++i) xr[size_t(t * c.hidden + i)] = float(xq[size_t(i)]);
+  }
+  std::vector<float> want(size_t(n * c.hidden));
+  cpu::moe_experts_blocks({.hidden = c.hidden, .width = c.width, .top_k = c.top_k, .gate_up_type = c.gate_up,
+                           .down_type = c.down},
+                          experts, xr.data(), n, r.ids.data(), r.weights.data(), want.data());
+  return want;
+}
+
 // Runs the CUDA path with the experts' spans at `span_base` (device-visible, already filled).
 std::vector<float> run_cuda(const MoeCase& c, const Experts& ex, const uint8_t* span_base, const Routing& r,
                             int64_t n, int64_t max_tokens) {
@@ -121,16 +141,16 @@ std::vector<float> run_cuda(const MoeCase& c, const Experts& ex, const uint8_t* 
 // The error bound above, per output, in float64 from the dequantized weights.
 std::vector<double> error_bound(const MoeCase& c, const Experts& ex, const Routing& r, int64_t n) {
   const double e = std::ldexp(1.0, -24);
-  const double g_gu = test::dot_error_gamma(c.hidden, 0), g_d = test::dot_error_gamma(c.width, 0);
+  const double g_gu = test::q8_dot_error_gamma(c.hidden, 1), g_d = test::q8_dot_error_gamma(c.width, 0);
   std::vector<double> bound(size_t(n * c.hidden), 0.0), y_abs_sum(size_t(n * c.hidden), 0.0);
   std::vector<float> w(size_t(std::max(c.hidden, c.width))), off(w.size());
-  std::vector<double> h(size_t(c.width)), dh(size_t(c.width));
-  for (int64_t t = 0; t < n; ++t)
+  std::vector<double> h(size_t(c.width)), dh(size_t(c.width)), qh(size_t(c.width));
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<double> x = test::rounded_activations(r.x.data() + t * c.hidden, c.hidden);
     for (int32_t j = 0; j < c.top_k; ++j) {
       const int32_t id = r.ids[size_t(t * c.top_k + j)];
       if (id < 0 || id >= c.n_experts) continue;
       const double weight = r.weights[size_t(t * c.top_k + j)];
-      const float* x = r.x.data() + t * c.hidden;
       const auto& exp = ex.host[size_t(id)];
       const int64_t rb_gu = row_bytes(c.gate_up, c.hidden), rb_d = row_bytes(c.down, c.width);
       for (int64_t i = 0; i < c.width; ++i) {
@@ -141,8 +161,8 @@ std::vector<double> error_bound(const MoeCase& c, const Experts& ex, const Routi
           test::offset_magnitudes(c.gate_up, row, c.hidden, off.data());
           double v = 0, mag = 0;
           for (int64_t q = 0; q < c.hidden; ++q) {
-            v += double(w[size_t(q)]) * x[q];
-            mag += std::fabs(double(x[q])) * (std::fabs(double(w[size_t(q)])) + off[size_t(q)]);
+            v += double(w[size_t(q)]) * x[size_t(q)];
+            mag += std::fabs(x[size_t(q)]) * (std::fabs(double(w[size_t(q)])) + off[size_t(q)]);
           }
           gv[m] = v;
           gm[m] = g_gu * mag;
@@ -153,6 +173,13 @@ std::vector<double> error_bound(const MoeCase& c, const Experts& ex, const Routi
         dh[size_t(i)] = 1.1 * (dg + e * std::fabs(g)) * (std::fabs(u) + du) +
                         (std::fabs(silu) + 1.1 * dg) * (du + e * std::fabs(u)) + 8 * e * std::fabs(h[size_t(i)]);
       }
+      for (int64_t b0 = 0; b0 < c.width; b0 += 256) {
+        const int64_t b1 = std::min<int64_t>(c.width, b0 + 256);
+        double top = 0;
+        for (int64_t i = b0; i < b1; ++i) top = std::max(top, std::fabs(h[size_t(i)]) + dh[size_t(i)]);
+        for (int64_t i = b0; i < b1; ++i)
+          qh[size_t(i)] = top / 254.0 * (1 + e) + 3.01 * e * (std::fabs(h[size_t(i)]) + dh[size_t(i)]);
+      }
       for (int64_t row_i = 0; row_i < c.hidden; ++row_i) {
         const uint8_t* row = static_cast<const uint8_t*>(exp.down) + row_i * rb_d;
         quant::dequantize_row(c.down, row, w.data(), c.width);
@@ -160,14 +187,16 @@ std::vector<double> error_bound(const MoeCase& c, const Experts& ex, const Routi
         double y = 0, dy = 0, mag = 0;
         for (int64_t q = 0; q < c.width; ++q) {
           y += double(w[size_t(q)]) * h[size_t(q)];
-          dy += std::fabs(double(w[size_t(q)])) * dh[size_t(q)];
-          mag += (std::fabs(double(w[size_t(q)])) + off[size_t(q)]) * (std::fabs(h[size_t(q)]) + dh[size_t(q)]);
+          dy += std::fabs(double(w[size_t(q)])) * (dh[size_t(q)] + qh[size_t(q)]);
+          mag += (std::fabs(double(w[size_t(q)])) + off[size_t(q)]) *
+                 (std::fabs(h[size_t(q)]) + dh[size_t(q)] + qh[size_t(q)]);
         }
         dy += g_d * mag + e * std::fabs(y);
         bound[size_t(t * c.hidden + row_i)] += std::fabs(weight) * (dy + 2 * e * std::fabs(y));
         y_abs_sum[size_t(t * c.hidden + row_i)] += std::fabs(weight * y);
       }
     }
+  }
   for (size_t i = 0; i < bound.size(); ++i) bound[i] += c.top_k * e * y_abs_sum[i];
   return bound;
 }
@@ -178,10 +207,7 @@ void expect_matches_twin(const MoeCase& c, int64_t n, int32_t pool, uint64_t see
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
   const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, n, n);
-  std::vector<float> want(size_t(n * c.hidden));
-  cpu::moe_experts_blocks({.hidden = c.hidden, .width = c.width, .top_k = c.top_k, .gate_up_type = c.gate_up,
-                           .down_type = c.down},
-                          ex.host, r.x.data(), n, r.ids.data(), r.weights.data(), want.data());
+  const std::vector<float> want = run_twin(c, ex.host, r, n);
   const auto bound = error_bound(c, ex, r, n);
   int64_t bad = 0;
   for (size_t i = 0; i < want.size(); ++i)
@@ -227,30 +253,31 @@ TEST(CudaMoe, OutOfRangeIdsContributeNothing) {
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
   const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, 3, 3);
-  std::vector<float> want(size_t(3 * c.hidden));
-  cpu::moe_experts_blocks({.hidden = c.hidden, .width = c.width, .top_k = c.top_k, .gate_up_type = c.gate_up,
-                           .down_type = c.down},
-                          ex.host, r.x.data(), 3, r.ids.data(), r.weights.data(), want.data());
+  const std::vector<float> want = run_twin(c, ex.host, r, 3);
   const auto bound = error_bound(c, ex, r, 3);
   for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << i;
 }
 
-TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchOfEight) {
+TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
   SPILL_SKIP_WITHOUT_GPU();
   const MoeCase c{1024, 512, 16, 4, DType::Q4_K, DType::Q4_K};
   const Experts ex(c, 51);
-  // Few experts, so the token shares them with others of the batch.
-  const Routing batch = random_routing(c, 8, 6, 52);
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
-  const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, 8, 8);
-  for (int64_t t : {0, 5, 7}) {
-    Routing one;
-    one.x.assign(batch.x.begin() + t * c.hidden, batch.x.begin() + (t + 1) * c.hidden);
-    one.ids.assign(batch.ids.begin() + t * c.top_k, batch.ids.begin() + (t + 1) * c.top_k);
-    one.weights.assign(batch.weights.begin() + t * c.top_k, batch.weights.begin() + (t + 1) * c.top_k);
-    const auto alone = run_cuda(c, ex, spans.as<uint8_t>(), one, 1, 8);
-    ASSERT_EQ(std::memcmp(alone.data(), all.data() + t * c.hidden, size_t(c.hidden) * 4), 0) << "token " << t;
+  // Few experts, so the token shares them with others of the batch. Up to 8 tokens take the
+  // kernels' one-token build, 17 their 8-token build: a token's bits must not change either way.
+  for (int64_t n : {8, 17}) {
+    const Routing batch = random_routing(c, n, 6, 52);
+    const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, n, n);
+    for (int64_t t : {int64_t(0), int64_t(5), n - 1}) {
+      Routing one;
+      one.x.assign(batch.x.begin() + t * c.hidden, batch.x.begin() + (t + 1) * c.hidden);
+      one.ids.assign(batch.ids.begin() + t * c.top_k, batch.ids.begin() + (t + 1) * c.top_k);
+      one.weights.assign(batch.weights.begin() + t * c.top_k, batch.weights.begin() + (t + 1) * c.top_k);
+      const auto alone = run_cuda(c, ex, spans.as<uint8_t>(), one, 1, 8);
+      ASSERT_EQ(std::memcmp(alone.data(), all.data() + t * c.hidden, size_t(c.hidden) * 4), 0)
+          << "token " << t << " of " << n;
+    }
   }
 }
 
@@ -309,10 +336,7 @@ TEST(CudaMoe, CapturedGraphFollowsTheTableWhenItChanges) {
   const auto got = test::download<float>(dout.ptr, size_t(2 * c.hidden));
   std::vector<cpu::BlockExpert> swapped = ex.host;
   std::swap(swapped[0], swapped[1]);
-  std::vector<float> want(got.size());
-  cpu::moe_experts_blocks({.hidden = c.hidden, .width = c.width, .top_k = c.top_k, .gate_up_type = c.gate_up,
-                           .down_type = c.down},
-                          swapped, r.x.data(), 2, r.ids.data(), r.weights.data(), want.data());
+  const std::vector<float> want = run_twin(c, swapped, r, 2);
   Experts swapped_ex = ex;
   swapped_ex.host = swapped;
   const auto bound = error_bound(c, swapped_ex, r, 2);

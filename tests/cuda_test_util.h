@@ -1,5 +1,5 @@
-// Helpers of the CUDA kernel tests: GPU presence, device buffers, and the error bound of an f32 dot
-// product over block-format weights.
+// Helpers of the CUDA kernel tests: GPU presence, device buffers, the int8-rounded activations the
+// kernels dot with, and the error bound of that dot product over block-format weights.
 #pragma once
 #if SPILL_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -83,15 +83,27 @@ inline void offset_magnitudes(DType t, const void* row, int64_t cols, float* out
   }
 }
 
-// Longest chain of f32 roundings any product w_i x_i passes through in block_dot.cuh for a row
-// segment of k_len weights: 8 in the group's fma chain, 1 for the scale, 2 per group the lane's
-// accumulator takes (4 groups per unit, ceil(units / 32) units per lane), 5 butterfly levels, and
-// `extra` for sums after the warp (split-K chunks, slots). gamma = m * 2^-24 (Higham's bound
-// gamma_m = m u / (1 - m u), with m u << 1).
-inline double dot_error_gamma(int64_t k_len, int64_t extra) {
+// Longest chain of f32 roundings any product w_i x'_i passes through in block_dot.cuh for a row
+// segment of k_len weights (x' the int8-rounded activations): the unit's integer sum is exact and
+// so is its conversion (|S| < 2^24); then d * S, dmin * M, their difference and the fma into the
+// lane's accumulator (3 roundings of the term, 1 per later add: ceil(units / 32) units per lane),
+// 5 butterfly levels, `extra` for sums after the warp (split-K chunks, slots), and 3 for the
+// reference dequantizer's own roundings of w. gamma = m * 2^-24 (Higham's gamma_m = m u / (1 - m u),
+// with m u << 1).
+inline double q8_dot_error_gamma(int64_t k_len, int64_t extra) {
   const int64_t units = k_len / 32;
-  const int64_t m = 8 + 1 + 2 * 4 * ((units + 31) / 32) + 5 + extra + 2;  // +2: dequantizer's own roundings
+  const int64_t m = 3 + (units + 31) / 32 + 5 + extra + 3;
   return double(m) * std::ldexp(1.0, -24);
+}
+
+// The activations as the kernels see them: quant::quantize_activations_q8's x'_i = d_b q_i per
+// token row of n values, exactly (in float64).
+inline std::vector<double> rounded_activations(const float* x, int64_t n) {
+  quant::ActivationsQ8 a;
+  quant::quantize_activations_q8(x, n, a);
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(a.d[size_t(i / 256)]) * double(a.q[size_t(i)]);
+  return out;
 }
 
 }  // namespace spill::test

@@ -1,14 +1,15 @@
 // Benchmark of the CUDA decode kernels against the HBM read ceiling: the MoE expert path
-// (backend/cuda/moe.h) at the S30, S235 and seed expert shapes, batch 1, 2, 4, 8, with the expert
-// table in VRAM and (one column) in mapped pinned host memory; and the dense Q8_0 GEMV at
-// attention shapes. Prints a table.
+// (backend/cuda/moe.h) at the S30 and S235 expert shapes (and the seed shape with --seed-shape),
+// batch 1 to 8, with the expert table in VRAM and (batch 1 and 8) in mapped pinned host memory; and
+// the dense Q8_0 GEMV at attention shapes. Prints a table.
 //
 // Method: several layers' worth of experts (random valid blocks) so that L2 (60 MB) cannot serve a
 // step from the last; each step routes uniformly at random (distinct experts per token) and
 // rotates to the next layer; steps are captured in one CUDA graph and replayed; time per step is
 // the median replay over steps per replay. Bytes per step = the distinct routed experts' spans.
 //
-// Usage: cuda_moe_bench [--reps N] [--ceiling GBps]
+// Usage: cuda_moe_bench [--reps N] [--ceiling GBps] [--seed-shape] [--no-host] [--no-gemv]
+//                       [--shape s30|s235|seed] [--max-batch N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,9 +40,13 @@ using namespace spill;
 namespace {
 
 int g_reps = 30;
+bool g_seed_shape = false, g_host = true, g_gemv = true;
+const char* g_only_shape = nullptr;  // "s30", "s235" or "seed": that shape alone
+int g_max_batch = 8;
 double g_ceiling_gbps = 4530.0;  // measured HBM read bandwidth of the H200 (issue 12)
 
 struct Shape {
+  const char* key;
   const char* name;
   int64_t hidden, width;
   int32_t experts, top_k;
@@ -256,8 +261,15 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--ceiling") && i + 1 < argc) g_ceiling_gbps = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--seed-shape")) g_seed_shape = true;
+    else if (!std::strcmp(argv[i], "--no-host")) g_host = false;
+    else if (!std::strcmp(argv[i], "--no-gemv")) g_gemv = false;
+    else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) g_only_shape = argv[++i];
+    else if (!std::strcmp(argv[i], "--max-batch") && i + 1 < argc) g_max_batch = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: cuda_moe_bench [--reps N] [--ceiling GBps]\n");
+      std::fprintf(stderr,
+                   "usage: cuda_moe_bench [--reps N] [--ceiling GBps] [--seed-shape] [--no-host] [--no-gemv]"
+                   " [--shape s30|s235|seed] [--max-batch N]\n");
       return 2;
     }
   }
@@ -270,23 +282,27 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, read_gbps, g_ceiling_gbps);
 
   const Shape shapes[] = {
-      {"S30  (H2048 I768 E128 k8 Q4_K)", 2048, 768, 128, 8, DType::Q4_K, 8},
-      {"S235 (H4096 I1536 E128 k8 Q3_K)", 4096, 1536, 128, 8, DType::Q3_K, 8},
-      {"seed (H5120 I2304 E384 k6 Q2_K)", 5120, 2304, 384, 6, DType::Q2_K, 4},
+      {"s30", "S30  (H2048 I768 E128 k8 Q4_K)", 2048, 768, 128, 8, DType::Q4_K, 8},
+      {"s235", "S235 (H4096 I1536 E128 k8 Q3_K)", 4096, 1536, 128, 8, DType::Q3_K, 8},
+      {"seed", "seed (H5120 I2304 E384 k6 Q2_K)", 5120, 2304, 384, 6, DType::Q2_K, 4},
   };
-  std::printf("MoE experts, one decode step of one layer (2 kernels per step; table in VRAM, and in mapped pinned host memory)\n");
-  std::printf("%-33s %5s %8s %9s %9s %8s %7s %8s %11s %9s\n", "shape", "batch", "experts", "MB/step", "us/step",
+  std::printf("MoE experts, one decode step of one layer (2 kernels per step; table in VRAM, and in mapped pinned host"
+              " memory at batch 1 and 8)\n");
+  std::printf("%-33s %5s %8s %9s %8s %9s %8s %7s %8s %11s %9s\n", "shape", "batch", "experts", "MB/step", "floor us",
+              "us/step",
               "GB/s", "%HBM", "kernels", "host us", "host GB/s");
   for (const Shape& sh : shapes) {
+    if (g_only_shape ? std::strcmp(g_only_shape, sh.key) != 0 : (sh.experts == 384 && !g_seed_shape)) continue;
     const cuda::MoeShape shape{.hidden = sh.hidden, .width = sh.width, .n_experts = sh.experts, .top_k = sh.top_k,
                                .gate_up_type = sh.type, .down_type = sh.type};
     const cuda::ExpertSpanLayout lay = cuda::expert_span_layout(shape);
     const int64_t layer_bytes = lay.bytes * sh.experts;
     std::vector<uint8_t> host(static_cast<size_t>(layer_bytes));
     std::vector<uint8_t*> layers(size_t(sh.layers));
+    // One type for gate, up and down and spans without padding: the layer is one run of blocks.
+    // Every layer gets the same bytes (distinct copies, so L2 still cannot serve one from another).
+    quant::fill_random_blocks(sh.type, host.data(), layer_bytes / dtype_traits(sh.type).block_bytes, 1);
     for (int l = 0; l < sh.layers; ++l) {
-      // One type for gate, up and down and spans without padding: the layer is one run of blocks.
-      quant::fill_random_blocks(sh.type, host.data(), layer_bytes / dtype_traits(sh.type).block_bytes, uint64_t(l) + 1);
       CHECK(cudaMalloc(&layers[size_t(l)], size_t(layer_bytes)));
       CHECK(cudaMemcpy(layers[size_t(l)], host.data(), size_t(layer_bytes), cudaMemcpyHostToDevice));
     }
@@ -297,26 +313,32 @@ int main(int argc, char** argv) {
     std::memcpy(pool, host.data(), size_t(pool_experts * lay.bytes));
     uint8_t* pool_dev = nullptr;
     CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
-    for (int64_t batch : {1, 2, 4, 8}) {
-      const MoeResult r = bench_moe(sh, batch, layers, pool_dev, pool_experts, s);
-      std::printf("%-33s %5lld %8.1f %9.2f %9.2f %8.0f %6.1f%% %8d %11.1f %9.1f\n", sh.name, (long long)batch,
-                  r.distinct, r.mb, r.us, r.gbps, 100.0 * r.gbps / g_ceiling_gbps, cuda::kMoeLaunchesPerCall,
-                  r.host_us, r.host_gbps);
+    for (int64_t batch = 1; batch <= g_max_batch; ++batch) {
+      const bool host_column = g_host && (batch == 1 || batch == 8);
+      const MoeResult r = bench_moe(sh, batch, layers, host_column ? pool_dev : nullptr, pool_experts, s);
+      std::printf("%-33s %5lld %8.1f %9.2f %8.2f %9.2f %8.0f %6.1f%% %8d %11.1f %9.1f\n", sh.name, (long long)batch,
+                  r.distinct, r.mb, r.mb * 1e3 / g_ceiling_gbps, r.us, r.gbps, 100.0 * r.gbps / g_ceiling_gbps,
+                  cuda::kMoeLaunchesPerCall, r.host_us, r.host_gbps);
       std::fflush(stdout);
     }
     CHECK(cudaFreeHost(pool));
     for (uint8_t* p : layers) CHECK(cudaFree(p));
   }
 
+  if (!g_gemv) {
+    CHECK(cudaStreamDestroy(s));
+    return 0;
+  }
   std::printf("\nDense GEMV, Q8_0, y = x W^T (1 kernel each)\n");
-  std::printf("%-22s %5s %9s %9s %8s %7s\n", "in -> out", "batch", "MB", "us", "GB/s", "%HBM");
+  std::printf("%-22s %5s %9s %8s %9s %8s %7s\n", "in -> out", "batch", "MB", "floor us", "us", "GB/s", "%HBM");
   const int64_t gemv_shapes[][2] = {{2048, 4096}, {4096, 512}, {4096, 2048}, {2048, 512}};
   for (const auto& gs : gemv_shapes)
-    for (int64_t n : {1, 8}) {
+    for (int64_t n : {1, 4, 8}) {
       const GemvResult r = bench_gemv(DType::Q8_0, gs[0], gs[1], n, s);
       char name[32];
       std::snprintf(name, sizeof name, "%lld -> %lld", (long long)gs[0], (long long)gs[1]);
-      std::printf("%-22s %5lld %9.2f %9.2f %8.0f %6.1f%%\n", name, (long long)n, r.mb, r.us, r.gbps,
+      std::printf("%-22s %5lld %9.2f %8.2f %9.2f %8.0f %6.1f%%\n", name, (long long)n, r.mb,
+                  r.mb * 1e3 / g_ceiling_gbps, r.us, r.gbps,
                   100.0 * r.gbps / g_ceiling_gbps);
     }
   CHECK(cudaStreamDestroy(s));

@@ -1,21 +1,26 @@
 // The decode core shared by the quantized GEMV (gemv.cu) and the MoE expert kernels (moe.cu):
-// per-format decoders of 32-weight units straight from the ggml block bytes, and the warp routine
-// that stages a few weight rows in shared memory with coalesced 16-byte copies and dots them with
-// up to 8 activation rows.
+// activations rounded to int8 once per kernel call, per-format decoders of 32-weight units straight
+// from the ggml block bytes into int8 lanes, and the warp routine that stages a few weight rows in
+// shared memory with coalesced 16-byte copies and dots them with up to 8 tokens using __dp4a.
 //
-// CPU twin: quant::dequantize_row (src/quant/dequantize.cpp) gives the value of every weight; the
-// tests compare these kernels with a float64 dot over those values.
+// CPU twin: quant::quantize_activations_q8 + quant::dot_q8 (src/quant/quant.h). The rounding of the
+// activations is the CPU's, bit for bit: per block of 256 (the last block of a row whose length is
+// not a multiple of 256 is shorter), d = max|x| / 127 and q = rint(x * (127 / max|x|)) clamped to
+// [-127, 127], all single IEEE operations; quantize_activations_q8() below exposes the device
+// routine so the tests compare the bytes.
 //
 // Arithmetic, fixed so that a row's result never depends on the batch:
-//  * every weight is w = dl * q - ml, with q a small integer decoded exactly (the "magic" float
-//    2^23 + q minus 2^23 + offset is exact), dl the sub-block scale and ml its offset (zero for the
-//    formats whose offset is folded into q: Q8_0, Q6_K, Q3_K);
-//  * a lane sums q * x over 8 consecutive weights (two fma chains of 4, then their sum), adds dl * that sum and
-//    subtracts ml * sum(x) (Q4_K, Q5_K, Q2_K): the factored form costs one fma per weight and token;
-//  * lane l takes the row's 32-weight units l, l + 32, ...; lanes are summed by one butterfly
-//    (offsets 16, 8, 4, 2, 1) for every value, whichever lane ends up holding it.
-// Every operation is an explicit _rn intrinsic so the compiler cannot contract differently in
-// different instantiations (warp_dot_rows's token-group sizes give bit-identical results).
+//  * a lane's unit is 32 weights of one block; its integer sum S = sum_g sc_g sum_i q_i x_i (and,
+//    for the formats with mins, M = sum_g m_g sum_i x_i) is exact in int32 (|S| < 2^24, so its
+//    float conversion is exact too);
+//  * the unit adds dx * (d * S - dmin * M) to the lane's f32 accumulator (d, dmin the block's f16
+//    scales, dx the activation block's scale): three roundings and one fma per unit and token;
+//  * lane l takes the row's units l, l + 32, ...; lanes are summed by one butterfly (offsets 16,
+//    8, 4, 2, 1) for every value, whichever lane ends up holding it.
+// Each token of a group has its own accumulators and the same operations whatever the group's size
+// or the other tokens, so a token's result is bit-identical alone or in any batch. Every float
+// operation is an explicit _rn intrinsic so the compiler cannot contract differently in different
+// instantiations.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,20 +33,13 @@
 
 namespace spill::cuda {
 
-constexpr int kRowsPerWarp = 4;   // rows a warp dots at once: x is loaded once for all four
+constexpr int kRowsPerWarp = 4;     // rows a warp dots at once: the activations are loaded once for all four
+constexpr int kActBlock = 256;      // activations per int8 scale (quant::quantize_activations_q8's block)
+constexpr int kMaxTokenGroup = 8;   // tokens one pass over the staged weights serves
 
 // ---- small device helpers ---------------------------------------------------------------------
 
 __device__ __forceinline__ float f16_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-
-// 2^23 + b for each byte b of w, minus (2^23 + offset): the byte's value minus offset, exactly.
-__device__ __forceinline__ void bytes_to_floats(uint32_t w, float offset, float out[4]) {
-  const float bias = 8388608.0f + offset;
-  out[0] = __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440)), bias);
-  out[1] = __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7441)), bias);
-  out[2] = __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7442)), bias);
-  out[3] = __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7443)), bias);
-}
 
 // A 32-bit word from shared memory at any 2-byte-aligned address (block formats of 34, 110 and 210
 // bytes leave rows only 2-byte aligned).
@@ -61,90 +59,123 @@ __device__ __forceinline__ void ld_u64_a2(const uint8_t* p, uint32_t& lo, uint32
 }
 __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 
+// Four int8 lanes of a and b multiplied and added to c, exactly.
+__device__ __forceinline__ int32_t dot4(uint32_t a, uint32_t b, int32_t c) { return __dp4a(int(a), int(b), c); }
+
 // ---- per-format unit decoders -----------------------------------------------------------------
-// A unit is 32 weights of one block that one lane decodes: four groups of 8 consecutive weights.
-// load() reads the unit's bytes and scales once; group() yields 8 values of q and the group's
-// (dl, ml); x_offset() is where in the block the group's first weight sits.
+// A unit is 32 weights of one block that one lane decodes: four groups of 8 weights, each group's
+// weights at 8 consecutive activations starting at x_offset(slot, g) within the block. load() reads
+// the unit's bytes and scales once (from shared memory) and leaves the weights as int8 lanes
+// w[2g], w[2g+1]; dot(x) is S for the activations' matching words x[8]; min_dot(s8) is M from the
+// groups' activation sums (formats with kHasMin). d and dmin are the block's float scales.
 
 template <DType T>
 struct Unit;
 
 template <>
 struct Unit<DType::Q8_0> {
+  static constexpr int kXWords = 8, kSumWords = 4;
+  static constexpr bool kOwnLoads = false;
   static constexpr int kUnitsPerBlock = 1, kBlockElems = 32, kBlockBytes = 34;
   static constexpr bool kHasMin = false;
-  uint32_t q[8];
-  float d;
+  uint32_t w[8];
+  float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int) {
     d = f16_bits_to_f32(ld_u16(b));
+    dmin = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i += 2) ld_u64_a2(b + 2 + 4 * i, q[i], q[i + 1]);
+    for (int i = 0; i < 8; i += 2) ld_u64_a2(b + 2 + 4 * i, w[i], w[i + 1]);
   }
   __device__ static __forceinline__ int x_offset(int, int g) { return 8 * g; }
-  __device__ __forceinline__ void group(int g, float v[8], float& dl, float& ml) const {
-    // int8 as unsigned (q + 128) so the magic conversion applies; offset 128 restores the sign.
-    bytes_to_floats(q[2 * g] ^ 0x80808080u, 128.0f, v);
-    bytes_to_floats(q[2 * g + 1] ^ 0x80808080u, 128.0f, v + 4);
-    dl = d;
-    ml = 0.0f;
+  __device__ __forceinline__ int32_t dot(const uint32_t x[8]) const {
+    int32_t s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = dot4(w[i], x[i], s);
+    return s;
   }
+  __device__ __forceinline__ int32_t min_dot(const int32_t*) const { return 0; }
 };
 
-// Q4_K and Q5_K: unit s of 8 covers qs bytes 32p + l0 .. +16 (p = s/2, l0 = 16 (s%2)): their low
-// nibbles are sub-block 2p, their high nibbles sub-block 2p+1, at positions l0 .. l0+15.
+// Q4_K and Q5_K: unit s of 4 is sub-block pair s: qs bytes 32s .. 32s+31, whose low nibbles are
+// sub-block 2s (activations 64s .. 64s+31) and high nibbles sub-block 2s+1 (64s+32 .. 64s+63), so
+// one lane decodes the pair's scales once for 64 weights. w[0..7] are the low nibbles, w[8..15]
+// the high ones; the activations come as four 16-byte words and the min term's sums as the eight
+// sums of 8 of the pair (one 16-byte word).
 template <bool kFiveBit>
 struct UnitQ45K {
-  static constexpr int kUnitsPerBlock = 8, kBlockElems = 256;
+  static constexpr int kUnitsPerBlock = 4, kBlockElems = 256;
   static constexpr int kBlockBytes = kFiveBit ? 176 : 144;
   static constexpr int kQsOffset = kFiveBit ? 48 : 16;
   static constexpr bool kHasMin = true;
-  uint32_t qs[4];
-  uint32_t qh[4];  // Q5_K: the fifth bits of those 16 weights' bytes (qh[l0 .. l0+15])
-  float dl[2], ml[2];
-  int sub;  // 2p
+  static constexpr int kXWords = 16, kSumWords = 4;
+  static constexpr bool kOwnLoads = true;
+  uint32_t w[16];
+  uint32_t mn_pack[2];  // (min, min) of each sub-block as an int8 pair, for dp2a
+  int32_t sc[2];
+  float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
-    const int p = s >> 1, l0 = 16 * (s & 1);
-    const uint32_t head_x = *reinterpret_cast<const uint32_t*>(b);  // d, dmin (scales[12] follow)
-    const uint4 q4 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * p + l0);
-    qs[0] = q4.x, qs[1] = q4.y, qs[2] = q4.z, qs[3] = q4.w;
+    const uint4 h16 = *reinterpret_cast<const uint4*>(b);  // d, dmin, then the 12 scale bytes
+    const uint32_t head = h16.x, a = h16.y, bb = h16.z, c = h16.w;
+    const uint4 q0 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * s);
+    const uint4 q1 = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * s + 16);
+    const uint32_t qs[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    uint32_t qh[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if constexpr (kFiveBit) {
-      const uint4 h4 = *reinterpret_cast<const uint4*>(b + 16 + l0);
-      qh[0] = h4.x, qh[1] = h4.y, qh[2] = h4.z, qh[3] = h4.w;
+      const uint4 h0 = *reinterpret_cast<const uint4*>(b + 16);
+      const uint4 h1 = *reinterpret_cast<const uint4*>(b + 32);
+      qh[0] = h0.x, qh[1] = h0.y, qh[2] = h0.z, qh[3] = h0.w, qh[4] = h1.x, qh[5] = h1.y, qh[6] = h1.z, qh[7] = h1.w;
     }
-    const float d = f16_bits_to_f32(uint16_t(head_x & 0xFFFF)), dmin = f16_bits_to_f32(uint16_t(head_x >> 16));
-    // Scale bytes straight from shared memory: indexing the register copy by the run-time j put it
-    // in local memory (a stack frame and LDL/STL per unit).
-    const uint8_t* sc = b + 4;
-    sub = 2 * p;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = 2 * p + h;
-      uint32_t scale, min;
-      if (j < 4) {
-        scale = sc[j] & 63;
-        min = sc[j + 4] & 63;
-      } else {
-        scale = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-        min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    for (int i = 0; i < 8; ++i) {
+      w[i] = qs[i] & 0x0F0F0F0Fu;
+      w[8 + i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (kFiveBit) {
+        w[i] |= ((qh[i] >> (2 * s)) & 0x01010101u) << 4;
+        w[8 + i] |= ((qh[i] >> (2 * s + 1)) & 0x01010101u) << 4;
       }
-      dl[h] = __fmul_rn(d, float(scale));
-      ml[h] = __fmul_rn(dmin, float(min));
     }
+    d = f16_bits_to_f32(uint16_t(head & 0xFFFF));
+    dmin = f16_bits_to_f32(uint16_t(head >> 16));
+    // The eight 6-bit scales and mins as bytes of two words each (sub-blocks 0-3, 4-7); this
+    // unit's pair (2s, 2s+1) is one half of one of them.
+    const uint32_t sc_word = s < 2 ? (a & 0x3F3F3F3Fu) : ((c & 0x0F0F0F0Fu) | (((a >> 6) & 0x03030303u) << 4));
+    const uint32_t mn_word = s < 2 ? (bb & 0x3F3F3F3Fu) : (((c >> 4) & 0x0F0F0F0Fu) | (((bb >> 6) & 0x03030303u) << 4));
+    const int shift = 16 * (s & 1);
+    sc[0] = int32_t((sc_word >> shift) & 0xFF);
+    sc[1] = int32_t((sc_word >> (shift + 8)) & 0xFF);
+    const uint32_t m0 = (mn_word >> shift) & 0xFF, m1 = (mn_word >> (shift + 8)) & 0xFF;
+    mn_pack[0] = m0 * 0x0101u;
+    mn_pack[1] = m1 * 0x0101u;
   }
-  __device__ static __forceinline__ int x_offset(int s, int g) {
-    return 64 * (s >> 1) + 16 * (s & 1) + 8 * (g & 1) + 32 * (g >> 1);
-  }
-  __device__ __forceinline__ void group(int g, float v[8], float& d, float& m) const {
-    const int half = g >> 1;  // 0: low nibbles (sub-block 2p), 1: high nibbles (2p+1)
-    const int w = 2 * (g & 1);
+  __device__ static __forceinline__ int x_offset(int s, int g) { return 64 * s + 8 * g; }
+  __device__ static __forceinline__ void load_x(const int8_t* xb, int s, uint32_t (&x)[16]) {
+    const uint4* p = reinterpret_cast<const uint4*>(xb + 64 * s);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      uint32_t nib = (qs[w + i] >> (4 * half)) & 0x0F0F0F0Fu;
-      if constexpr (kFiveBit) nib |= ((qh[w + i] >> (sub + half)) & 0x01010101u) << 4;
-      bytes_to_floats(nib, 0.0f, v + 4 * i);
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = p[i];
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
     }
-    d = dl[half];
-    m = ml[half];
+  }
+  // The pair's eight sums of 8 as int16 pairs in four words (low sub-block: words 0, 1).
+  __device__ static __forceinline__ void load_sums(const int16_t* sb, int s, int32_t (&s8)[4]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(sb + 8 * s);
+    s8[0] = int32_t(v.x), s8[1] = int32_t(v.y), s8[2] = int32_t(v.z), s8[3] = int32_t(v.w);
+  }
+  __device__ __forceinline__ int32_t dot(const uint32_t (&x)[16]) const {
+    int32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      lo = dot4(w[i], x[i], lo);
+      hi = dot4(w[8 + i], x[8 + i], hi);
+    }
+    return sc[0] * lo + sc[1] * hi;
+  }
+  __device__ __forceinline__ int32_t min_dot(const int32_t (&s8)[4]) const {
+    // dp2a: two int16 sums times two int8 copies of the min, exactly.
+    int32_t m = __dp2a_lo(s8[0], int(mn_pack[0]), 0);
+    m = __dp2a_lo(s8[1], int(mn_pack[0]), m);
+    m = __dp2a_lo(s8[2], int(mn_pack[1]), m);
+    return __dp2a_lo(s8[3], int(mn_pack[1]), m);
   }
 };
 template <>
@@ -153,35 +184,49 @@ template <>
 struct Unit<DType::Q5_K> : UnitQ45K<true> {};
 
 // Q6_K: unit s covers half h = s/4 (128 weights), positions l0 .. l0+7 (l0 = 8 (s%4)) of each of
-// its four 32-weight quarters: ql[64h + l0], ql[64h + 32 + l0], qh[32h + l0], 8 bytes each.
+// its four 32-weight quarters: ql[64h + l0], ql[64h + 32 + l0], qh[32h + l0], 8 bytes each. The
+// stored offset of 32 is taken off each lane (q - 32 fits int8).
 template <>
 struct Unit<DType::Q6_K> {
+  static constexpr int kXWords = 8, kSumWords = 4;
+  static constexpr bool kOwnLoads = false;
   static constexpr int kUnitsPerBlock = 8, kBlockElems = 256, kBlockBytes = 210;
   static constexpr bool kHasMin = false;
-  uint32_t qa[2], qb[2], qh[2];
-  float dl[4];
+  uint32_t w[8];
+  int32_t sc[4];
+  float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int h = s >> 2, l0 = 8 * (s & 3), is = l0 >> 4;
+    uint32_t qa[2], qb[2], qh[2];
     ld_u64_a2(b + 64 * h + l0, qa[0], qa[1]);
     ld_u64_a2(b + 64 * h + 32 + l0, qb[0], qb[1]);
     ld_u64_a2(b + 128 + 32 * h + l0, qh[0], qh[1]);
-    const float d = f16_bits_to_f32(ld_u16(b + 208));
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + is);
+    d = f16_bits_to_f32(ld_u16(b + 208));
+    dmin = 0.0f;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + is);
 #pragma unroll
-    for (int g = 0; g < 4; ++g) dl[g] = __fmul_rn(d, float(sc[2 * g]));
+    for (int g = 0; g < 4; ++g) {
+      sc[g] = scales[2 * g];
+      const int nib_shift = 4 * (g >> 1), hi_shift = 2 * g;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t low = (g & 1) ? qb[i] : qa[i];
+        // q - 32 per byte: flipping bit 5 gives q - 32 in 6-bit two's complement; bit 5 then
+        // extends into bits 6 and 7 (0x20 * 6 = 0xC0, no carry out of the byte).
+        const uint32_t q = ((low >> nib_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4);
+        const uint32_t t = q ^ 0x20202020u;
+        w[2 * g + i] = t | ((t & 0x20202020u) * 6u);
+      }
+    }
   }
   __device__ static __forceinline__ int x_offset(int s, int g) { return 128 * (s >> 2) + 32 * g + 8 * (s & 3); }
-  __device__ __forceinline__ void group(int g, float v[8], float& d, float& m) const {
-    const int nib_shift = 4 * (g >> 1), hi_shift = 2 * g;
+  __device__ __forceinline__ int32_t dot(const uint32_t x[8]) const {
+    int32_t s = 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint32_t low = (g & 1) ? qb[i] : qa[i];
-      const uint32_t q = ((low >> nib_shift) & 0x0F0F0F0Fu) | (((qh[i] >> hi_shift) & 0x03030303u) << 4);
-      bytes_to_floats(q, 32.0f, v + 4 * i);
-    }
-    d = dl[g];
-    m = 0.0f;
+    for (int g = 0; g < 4; ++g) s += sc[g] * dot4(w[2 * g + 1], x[2 * g + 1], dot4(w[2 * g], x[2 * g], 0));
+    return s;
   }
+  __device__ __forceinline__ int32_t min_dot(const int32_t*) const { return 0; }
 };
 
 // Q3_K and Q2_K share the 2-bit plane layout: byte L (0..31) of qs half H holds weights
@@ -189,66 +234,110 @@ struct Unit<DType::Q6_K> {
 // sub-block 8H + 2j + L0/16.
 template <>
 struct Unit<DType::Q3_K> {
-  static constexpr int kUnitsPerBlock = 8, kBlockElems = 256, kBlockBytes = 110;
+  // Unit s of 4: half H = s/2 of the block, bytes L0 .. L0+15 (L0 = 16 (s%2)) of its qs and of
+  // hmask: four groups of 16 weights (128H + 32j + L0 ..), one scale each, 64 weights per lane.
+  static constexpr int kUnitsPerBlock = 4, kBlockElems = 256, kBlockBytes = 110;
   static constexpr bool kHasMin = false;
-  uint32_t qs[2], hm[2];
-  float dl[4];
-  int hbit0;  // 4H: hmask bit of plane 0
+  static constexpr int kXWords = 16, kSumWords = 4;
+  static constexpr bool kOwnLoads = true;
+  uint32_t w[16];
+  int32_t sc[4];
+  float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
-    const int H = s >> 2, L0 = 8 * (s & 3);
+    const int H = s >> 1, L0 = 16 * (s & 1);
+    uint32_t qs[4], hm[4], s01, s23;
     ld_u64_a2(b + 32 + 32 * H + L0, qs[0], qs[1]);
+    ld_u64_a2(b + 32 + 32 * H + L0 + 8, qs[2], qs[3]);
     ld_u64_a2(b + L0, hm[0], hm[1]);
-    hbit0 = 4 * H;
-    const float d = f16_bits_to_f32(ld_u16(b + 108));
-    const uint8_t* sc = b + 96;
+    ld_u64_a2(b + L0 + 8, hm[2], hm[3]);
+    ld_u64_a2(b + 96, s01, s23);
+    const uint32_t s45 = ld_u32_a2(b + 104);
+    d = f16_bits_to_f32(ld_u16(b + 108));
+    dmin = 0.0f;
+    // Scale k (0..15) = low nibble (k < 8: byte k's low half, else byte k-8's high half) | two high
+    // bits (byte 8 + k%4, bit pair k/4), minus 32. This unit's groups j = 0..3 take k = k0 + 2j
+    // (k0 = 8H + s%2): bytes s%2 and s%2 + 2 of the scale words for k = 8H .. 8H+3 (wa) and
+    // 8H+4 .. 8H+7 (wb), built four at a time.
+    const int sh = 4 * H;
+    const uint32_t wa = ((s01 >> sh) & 0x0F0F0F0Fu) | (((s45 >> sh) & 0x03030303u) << 4);
+    const uint32_t wb = ((s23 >> sh) & 0x0F0F0F0Fu) | (((s45 >> (sh + 2)) & 0x03030303u) << 4);
+    const int b0 = 8 * (s & 1);
+    sc[0] = int32_t((wa >> b0) & 0xFF) - 32;
+    sc[1] = int32_t((wa >> (b0 + 16)) & 0xFF) - 32;
+    sc[2] = int32_t((wb >> b0) & 0xFF) - 32;
+    sc[3] = int32_t((wb >> (b0 + 16)) & 0xFF) - 32;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int k = 8 * H + 2 * j + (L0 >> 4);
-      const uint32_t low = k < 8 ? (sc[k] & 0xF) : (sc[k - 8] >> 4);
-      const uint32_t high = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
-      dl[j] = __fmul_rn(d, float(int(low | (high << 4)) - 32));
-    }
-  }
-  __device__ static __forceinline__ int x_offset(int s, int g) { return 128 * (s >> 2) + 32 * g + 8 * (s & 3); }
-  __device__ __forceinline__ void group(int g, float v[8], float& d, float& m) const {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      // q + 4 = low two bits | (high bit << 2): the high bit set means +0, clear means -4.
-      const uint32_t q = ((qs[i] >> (2 * g)) & 0x03030303u) | (((hm[i] >> (hbit0 + g)) & 0x01010101u) << 2);
-      bytes_to_floats(q, 4.0f, v + 4 * i);
+      for (int i = 0; i < 4; ++i) {
+        // Weight = low two bits - 4 when the hmask bit is clear: 0xFC (-4) or'ed in per byte.
+        const uint32_t clear = (~(hm[i] >> (4 * H + j))) & 0x01010101u;
+        w[4 * j + i] = ((qs[i] >> (2 * j)) & 0x03030303u) | (clear * 0xFCu);
+      }
     }
-    d = dl[g];
-    m = 0.0f;
   }
+  __device__ static __forceinline__ int x_offset(int s, int g) {  // g = 0..7: 8 weights each
+    return 128 * (s >> 1) + 32 * (g >> 1) + 16 * (s & 1) + 8 * (g & 1);
+  }
+  __device__ static __forceinline__ void load_x(const int8_t* xb, int s, uint32_t (&x)[16]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = *reinterpret_cast<const uint4*>(xb + 128 * (s >> 1) + 32 * j + 16 * (s & 1));
+      x[4 * j] = v.x, x[4 * j + 1] = v.y, x[4 * j + 2] = v.z, x[4 * j + 3] = v.w;
+    }
+  }
+  __device__ static __forceinline__ void load_sums(const int16_t*, int, int32_t (&)[4]) {}
+  __device__ __forceinline__ int32_t dot(const uint32_t (&x)[16]) const {
+    int32_t s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int32_t g = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) g = dot4(w[4 * j + i], x[4 * j + i], g);
+      s += sc[j] * g;
+    }
+    return s;
+  }
+  __device__ __forceinline__ int32_t min_dot(const int32_t*) const { return 0; }
 };
 
 template <>
 struct Unit<DType::Q2_K> {
+  static constexpr int kXWords = 8, kSumWords = 4;
+  static constexpr bool kOwnLoads = false;
   static constexpr int kUnitsPerBlock = 8, kBlockElems = 256, kBlockBytes = 84;
   static constexpr bool kHasMin = true;
-  uint32_t qs[2];
-  float dl[4], ml[4];
+  uint32_t w[8];
+  int32_t sc[4], mn[4];
+  float d, dmin;
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int H = s >> 2, L0 = 8 * (s & 3);
+    uint32_t qs[2];
     ld_u64_a2(b + 16 + 32 * H + L0, qs[0], qs[1]);
-    const float d = f16_bits_to_f32(ld_u16(b + 80)), dmin = f16_bits_to_f32(ld_u16(b + 82));
+    d = f16_bits_to_f32(ld_u16(b + 80));
+    dmin = f16_bits_to_f32(ld_u16(b + 82));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t sc = b[8 * H + 2 * j + (L0 >> 4)];
-      dl[j] = __fmul_rn(d, float(sc & 0xF));
-      ml[j] = __fmul_rn(dmin, float(sc >> 4));
+      const uint32_t scale = b[8 * H + 2 * j + (L0 >> 4)];
+      sc[j] = int32_t(scale & 0xF);
+      mn[j] = int32_t(scale >> 4);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) w[2 * j + i] = (qs[i] >> (2 * j)) & 0x03030303u;
     }
   }
   __device__ static __forceinline__ int x_offset(int s, int g) { return 128 * (s >> 2) + 32 * g + 8 * (s & 3); }
-  __device__ __forceinline__ void group(int g, float v[8], float& d, float& m) const {
+  __device__ __forceinline__ int32_t dot(const uint32_t x[8]) const {
+    int32_t s = 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) bytes_to_floats((qs[i] >> (2 * g)) & 0x03030303u, 0.0f, v + 4 * i);
-    d = dl[g];
-    m = ml[g];
+    for (int g = 0; g < 4; ++g) s += sc[g] * dot4(w[2 * g + 1], x[2 * g + 1], dot4(w[2 * g], x[2 * g], 0));
+    return s;
+  }
+  __device__ __forceinline__ int32_t min_dot(const int32_t s8[4]) const {
+    return mn[0] * s8[0] + mn[1] * s8[1] + mn[2] * s8[2] + mn[3] * s8[3];
   }
 };
 
-// ---- activations ------------------------------------------------------------------------------
+// ---- activations, rounded to int8 -------------------------------------------------------------
 
 template <class XT>
 __device__ __forceinline__ void load_x8(const XT* p, float x[8]);
@@ -268,6 +357,91 @@ __device__ __forceinline__ void load_x8<__nv_bfloat16>(const __nv_bfloat16* p, f
     x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
   }
 }
+// The same, from memory another kernel of this stream wrote (not through the read-only path).
+__device__ __forceinline__ void load_x8_coherent(const float* p, float x[8]) {
+  const float4 a = __ldcg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldcg(reinterpret_cast<const float4*>(p) + 1);
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+// A group of tokens' activations over one K-range, rounded to int8, in shared memory:
+// q[t * q_stride + i], the sum of each 8 consecutive q (for the formats' min terms), and one scale
+// per block of 256 (from the K-range's start, which is a multiple of 256 in the row).
+struct ActQ8 {
+  int8_t* q;
+  int16_t* s8;
+  float* d;
+  int q_stride, s8_stride, d_stride;
+};
+
+// Shared bytes ActQ8 takes for `tokens` tokens of k_len activations (k_len a multiple of 32).
+__host__ __device__ constexpr int act_q8_q_stride(int k_len) { return (k_len + 15) / 16 * 16; }
+__host__ __device__ constexpr int act_q8_s8_stride(int k_len) { return (k_len / 8 + 7) / 8 * 8; }
+__host__ __device__ constexpr int act_q8_d_stride(int k_len) { return (k_len + kActBlock - 1) / kActBlock; }
+__host__ __device__ constexpr int act_q8_bytes(int tokens, int k_len) {
+  return tokens * (act_q8_q_stride(k_len) + 2 * act_q8_s8_stride(k_len) + (4 * act_q8_d_stride(k_len) + 15) / 16 * 16);
+}
+__device__ __forceinline__ ActQ8 act_q8_at(uint8_t* base, int tokens, int k_len) {
+  ActQ8 a;
+  a.q_stride = act_q8_q_stride(k_len);
+  a.s8_stride = act_q8_s8_stride(k_len);
+  a.d_stride = act_q8_d_stride(k_len);
+  a.q = reinterpret_cast<int8_t*>(base);
+  a.s8 = reinterpret_cast<int16_t*>(base + tokens * a.q_stride);
+  a.d = reinterpret_cast<float*>(base + tokens * (a.q_stride + 2 * a.s8_stride));
+  return a;
+}
+
+// One warp rounds one block of up to 256 activations (len, a multiple of 32... 8 at the least per
+// lane that has any) exactly as quant::quantize_activations_q8 does. Lane l holds v = x[8l .. 8l+8)
+// (zeros past len); returns the block's scale (NaN when any activation is not finite, so the
+// outputs that use it are NaN rather than silently wrong) and leaves the rounded values in q[8].
+__device__ __forceinline__ float round_block_q8(const float v[8], int q[8]) {
+  float amax = 0.0f;
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float a = fabsf(v[i]);
+    amax = fmaxf(amax, a);
+    bad |= !(a <= 3.402823466e38f);
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  bad = __any_sync(0xffffffffu, bad);
+  const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) q[i] = int(fminf(fmaxf(rintf(__fmul_rn(v[i], inv)), -127.0f), 127.0f));
+  return bad ? __int_as_float(0x7FC00000) : __fdiv_rn(amax, 127.0f);
+}
+
+__device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
+  return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
+}
+
+// The whole thread block rounds `tokens` tokens' activations [0, k_len) (x_row(t) points at the
+// first; 16-byte aligned) into `out`: one warp per (token, block of 256). load(p, v) reads 8 values.
+template <class XRow, class Load>
+__device__ __forceinline__ void quantize_tokens(XRow&& x_row, int tokens, int k_len, const ActQ8& out, Load&& load) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int blocks = (k_len + kActBlock - 1) / kActBlock;
+  for (int item = warp; item < tokens * blocks; item += warps) {
+    const int t = item / blocks, b = item % blocks;
+    const int i0 = b * kActBlock + 8 * lane;
+    const bool mine = i0 < k_len;  // k_len is a multiple of 32, so a lane has all 8 or none
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (mine) load(x_row(t) + i0, v);
+    int q[8];
+    const float d = round_block_q8(v, q);
+    if (mine) {
+      uint2 packed;
+      packed.x = pack_bytes(q[0], q[1], q[2], q[3]);
+      packed.y = pack_bytes(q[4], q[5], q[6], q[7]);
+      *reinterpret_cast<uint2*>(out.q + t * out.q_stride + i0) = packed;
+      out.s8[t * out.s8_stride + i0 / 8] = int16_t(q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7]);
+    }
+    if (lane == 0) out.d[t * out.d_stride + b] = d;
+  }
+}
 
 // ---- staging rows in shared memory ------------------------------------------------------------
 
@@ -285,37 +459,40 @@ __host__ __device__ constexpr int staged_row_stride(int seg_bytes) { return (seg
 __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp], int seg_bytes, int part_bytes,
                                           uint8_t* slot, int stride, const uint8_t* staged[kRowsPerWarp], int lane) {
   const int parts = (seg_bytes + part_bytes - 1) / part_bytes;
-  int first_piece[kRowsPerWarp];
+  // Per row, in 32-bit offsets from its first aligned chunk: the head (start & 15), the chunks
+  // wholly inside the segment, and the next chunk of each part.
+  const uint8_t* base[kRowsPerWarp];
+  unsigned dst_s[kRowsPerWarp];
+  int head[kRowsPerWarp], full[kRowsPerWarp], next[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const uintptr_t start = reinterpret_cast<uintptr_t>(src[r]);
-    staged[r] = slot + r * stride + (start & 15);
-    first_piece[r] = 0;
+    head[r] = int(start & 15);
+    base[r] = reinterpret_cast<const uint8_t*>(start - uintptr_t(head[r]));
+    staged[r] = slot + r * stride + head[r];
+    dst_s[r] = static_cast<unsigned>(__cvta_generic_to_shared(slot + r * stride));
+    full[r] = (head[r] + seg_bytes) / 16;
+    next[r] = 0;
   }
   for (int part = 0; part < parts; ++part) {
+    const int part_end = min((part + 1) * part_bytes, seg_bytes);
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const uintptr_t start = reinterpret_cast<uintptr_t>(src[r]);
-      const uintptr_t base = start & ~uintptr_t(15);
-      const uintptr_t end = start + uintptr_t(seg_bytes);
-      // Pieces whose first byte lies before the end of this part (a piece that straddles two parts
+      // Chunks whose first byte lies before the end of this part (a chunk that straddles two parts
       // belongs to the earlier one, which needs it first).
-      const uintptr_t part_end = start + uintptr_t(min((part + 1) * part_bytes, seg_bytes));
-      const int last_piece = int((part_end - base + 15) / 16);
-      uint8_t* dst = slot + r * stride;
-      for (int c = first_piece[r] + lane; c < last_piece; c += 32) {
-        const uintptr_t from = base + uintptr_t(c) * 16;
-        if (end - from >= 16) {
-          const unsigned dst_s = static_cast<unsigned>(__cvta_generic_to_shared(dst + c * 16));
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_s), "l"(from));
+      const int last = (head[r] + part_end + 15) / 16;
+      for (int c = next[r] + lane; c < last; c += 32) {
+        if (c < full[r]) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_s[r] + unsigned(c) * 16u),
+                       "l"(base[r] + c * 16));
         } else {
           // The segment's last bytes, where it ends inside a 16-byte chunk: byte loads, so
           // nothing past the end (maybe the end of the allocation) is touched.
-          const uint8_t* p = reinterpret_cast<const uint8_t*>(from);
-          for (int i = 0; i < 16; ++i) dst[c * 16 + i] = from + i < end ? p[i] : uint8_t(0);
+          uint8_t* dst = slot + r * stride + c * 16;
+          for (int i = 0; i < 16; ++i) dst[i] = c * 16 + i < head[r] + seg_bytes ? base[r][c * 16 + i] : uint8_t(0);
         }
       }
-      first_piece[r] = last_piece;
+      next[r] = last;
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
@@ -323,8 +500,10 @@ __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp]
 }
 
 // Waits until parts 0 .. part of stage_rows have landed for the whole warp.
-__device__ __forceinline__ void wait_staged_part(int part, int parts) {
-  switch (parts - 1 - part) {  // groups still allowed in flight (an immediate operand)
+// later_groups: commit groups the warp issued after this stage_rows call (rows staged for later),
+// which may stay in flight.
+__device__ __forceinline__ void wait_staged_part(int part, int parts, int later_groups = 0) {
+  switch (parts - 1 - part + later_groups) {  // groups still allowed in flight (an immediate operand)
     case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
     case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
     case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
@@ -355,20 +534,27 @@ __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol
 // steps halve the values each lane carries (so a step moves half as many values as the last), the
 // rest are plain butterflies. Every value is summed over lane bit 4, then 3, 2, 1, 0: the same
 // tree whatever R*NG is. Returns the value this lane ends up holding; owner_index() says which.
+// One halving step of warp_reduce_transposed: values [0, 2 Half) -> [0, Half) over lane bit
+// `offset`, with compile-time indices (a run-time index would put v in local memory).
+template <int Half, int V>
+__device__ __forceinline__ void reduce_halving_step(float (&v)[V], int lane, int offset) {
+  if constexpr (Half >= 1) {
+    const bool upper = lane & offset;
+#pragma unroll
+    for (int i = 0; i < Half; ++i) {
+      const float send = upper ? v[i] : v[i + Half];
+      const float keep = upper ? v[i + Half] : v[i];
+      v[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, offset));
+    }
+    reduce_halving_step<Half / 2>(v, lane, offset / 2);
+  }
+}
 template <int V>
 __device__ __forceinline__ float warp_reduce_transposed(float (&v)[V], int lane) {
   static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "V must be a power of two up to 32");
+  reduce_halving_step<V / 2>(v, lane, 16);
   int offset = 16;
-#pragma unroll
-  for (int half = V / 2; half >= 1; half /= 2, offset /= 2) {
-    const bool upper = lane & offset;
-#pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float send = upper ? v[i] : v[i + half];
-      const float keep = upper ? v[i + half] : v[i];
-      v[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, offset));
-    }
-  }
+  for (int half = V / 2; half >= 1; half /= 2) offset /= 2;
   float s = v[0];
   for (; offset >= 1; offset /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, offset));
   return s;
@@ -382,87 +568,121 @@ __device__ __forceinline__ int owner_index(int lane) {
   return index;
 }
 
-// Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with NG activation rows
-// (xs[t] points at the first of their k_len values). For each of its units a lane loads the
-// unit's 32 activations of each token once (registers), then decodes the unit in each row in
-// turn, so few values are live at once. emit(row, token, value) is called once per (row, token)
-// by the lane that holds the sum.
-template <DType T, int NG, class XT, class Emit>
-__device__ __forceinline__ void warp_dot_rows(const uint8_t* const staged[kRowsPerWarp], int k_len,
-                                              const XT* const xs[NG], int lane, int parts_to_wait, Emit&& emit) {
-  using U = Unit<T>;
-  float acc[kRowsPerWarp * NG];
+// Token t's activations for unit `slot` of the block at x0: the words the unit's dot takes, the
+// sums its min term takes (formats with mins), and the activation block's scale. Units of 32
+// weights take four groups of 8 at x_offset(slot, g) and their sums of 8; a unit may bring its own
+// loads (load_x / load_sums).
+template <class U>
+__device__ __forceinline__ void load_unit_x(const ActQ8& xq, int t, int x0, int slot, uint32_t (&x)[U::kXWords],
+                                            int32_t (&s8)[U::kSumWords], float& dx) {
+  const int8_t* xt = xq.q + t * xq.q_stride + x0;
+  const int16_t* st = xq.s8 + t * xq.s8_stride + x0 / 8;
+  if constexpr (U::kOwnLoads) {
+    U::load_x(xt, slot, x);
+    if constexpr (U::kHasMin) U::load_sums(st, slot, s8);
+  } else {
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp * NG; ++i) acc[i] = 0.0f;
+    for (int g = 0; g < 4; ++g) {
+      const uint2 v = *reinterpret_cast<const uint2*>(xt + U::x_offset(slot, g));
+      x[2 * g] = v.x;
+      x[2 * g + 1] = v.y;
+    }
+    if constexpr (U::kHasMin) {
+#pragma unroll
+      for (int g = 0; g < 4; ++g) s8[g] = st[U::x_offset(slot, g) / 8];
+    }
+  }
+  dx = xq.d[t * xq.d_stride + (x0 + U::x_offset(slot, 0)) / kActBlock];
+}
+
+// d * S - dmin * M of one unit against one token's activations (before the activation scale).
+template <class U>
+__device__ __forceinline__ float unit_value(const U& unit, const uint32_t (&x)[U::kXWords],
+                                            const int32_t (&s8)[U::kSumWords]) {
+  float f = __fmul_rn(unit.d, __int2float_rn(unit.dot(x)));
+  if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(unit.dmin, __int2float_rn(unit.min_dot(s8))));
+  return f;
+}
+
+// Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with `tokens` (1 .. NT) tokens'
+// rounded activations over the same K-range. For each of its units a lane decodes the unit in RB
+// rows at a time, then takes each token's 32 activations once for those rows. emit(row, token,
+// value) is called once per (row, token < tokens) by the lane that holds the sum. parts_to_wait:
+// what stage_rows returned, for the first pass over freshly staged rows (0 afterwards);
+// later_groups: commit groups staged after these rows (see wait_staged_part).
+// NT = 1 keeps few registers live (more warps per SM: the batch-1 case); NT = 8 decodes each unit
+// once for 8 tokens. Both give the same bits for a token: its accumulator sees the same
+// operations in the same order, and the butterfly's tree is the same for every value.
+template <DType T, int NT, class Emit>
+__device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPerWarp], int k_len, const ActQ8& xq,
+                                            int tokens, int lane, int parts_to_wait, int later_groups,
+                                            Emit&& emit) {
+  using U = Unit<T>;
+  constexpr int RB = NT == 1 ? 1 : 2;  // rows decoded at once
+  constexpr int V = kRowsPerWarp * NT;
+  float acc[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc[i] = 0.0f;
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
   const int passes = (units + 31) / 32;
   for (int pass = 0; pass < passes; ++pass) {
+    if (parts_to_wait) wait_staged_part(pass, parts_to_wait, later_groups);
     const int u = pass * 32 + lane;
-    float x[NG][4][8];
-    float sum_x[NG][4];
-    const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
-    if (u < units) {  // activations first: they do not wait for the staged weights
-#pragma unroll
-      for (int t = 0; t < NG; ++t)
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          load_x8(xs[t] + block * U::kBlockElems + U::x_offset(slot, g), x[t][g]);
-          if constexpr (U::kHasMin) {
-            float sx = x[t][g][0];
-#pragma unroll
-            for (int i = 1; i < 8; ++i) sx = __fadd_rn(sx, x[t][g][i]);
-            sum_x[t][g] = sx;
-          }
-        }
-    }
-    if (parts_to_wait) wait_staged_part(pass, parts_to_wait);
     if (u >= units) continue;
+    const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
+    const int x0 = block * U::kBlockElems;
+    if constexpr (NT == 1) {
+      // One token: its activations for this unit once, then the rows one after another.
+      uint32_t x[U::kXWords];
+      int32_t s8[U::kSumWords] = {};
+      float dx;
+      load_unit_x<U>(xq, 0, x0, slot, x, s8, dx);
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      U unit;
-      unit.load(staged[r] + block * U::kBlockBytes, slot);
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        U unit;
+        unit.load(staged[r] + block * U::kBlockBytes, slot);
+        acc[r] = __fmaf_rn(dx, unit_value(unit, x, s8), acc[r]);
+      }
+    } else {
 #pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        float q[8], dl, ml;
-        unit.group(g, q, dl, ml);
+      for (int r0 = 0; r0 < kRowsPerWarp; r0 += RB) {
+        U unit[RB];
 #pragma unroll
-        for (int t = 0; t < NG; ++t) {
-          // Two chains of four (even and odd weights) for instruction-level parallelism.
-          float s0 = __fmul_rn(q[0], x[t][g][0]), s1 = __fmul_rn(q[1], x[t][g][1]);
+        for (int r = 0; r < RB; ++r) unit[r].load(staged[r0 + r] + block * U::kBlockBytes, slot);
 #pragma unroll
-          for (int i = 2; i < 8; i += 2) {
-            s0 = __fmaf_rn(q[i], x[t][g][i], s0);
-            s1 = __fmaf_rn(q[i + 1], x[t][g][i + 1], s1);
+        for (int t = 0; t < NT; ++t) {
+          if (t < tokens) {
+            uint32_t x[U::kXWords];
+            int32_t s8[U::kSumWords] = {};
+            float dx;
+            load_unit_x<U>(xq, t, x0, slot, x, s8, dx);
+#pragma unroll
+            for (int r = 0; r < RB; ++r)
+              acc[(r0 + r) * NT + t] = __fmaf_rn(dx, unit_value(unit[r], x, s8), acc[(r0 + r) * NT + t]);
           }
-          const float s = __fadd_rn(s0, s1);
-          float& a = acc[r * NG + t];
-          a = __fmaf_rn(dl, s, a);
-          if constexpr (U::kHasMin) a = __fmaf_rn(-ml, sum_x[t][g], a);
         }
       }
     }
   }
-  const float total = warp_reduce_transposed<kRowsPerWarp * NG>(acc, lane);
-  const int index = owner_index<kRowsPerWarp * NG>(lane);
-  // Values are replicated over 32 / (R*NG) lanes; the lowest of each set emits.
-  constexpr int kReplicas = 32 / (kRowsPerWarp * NG);
-  if ((lane & (kReplicas - 1)) == 0) emit(index / NG, index % NG, total);
+  const float total = warp_reduce_transposed<V>(acc, lane);
+  const int index = owner_index<V>(lane);
+  // Values are replicated over 32 / V lanes; the lowest of each set emits.
+  constexpr int kReplicas = 32 / V;
+  if ((lane & (kReplicas - 1)) == 0 && index % NT < tokens) emit(index / NT, index % NT, total);
 }
 
-// Runs warp_dot_rows over n activation rows, one at a time: each row re-decodes the staged
-// weights (cheap next to HBM) instead of holding several rows' activations in registers, which
-// spilled and halved the warps an SM holds (docs/perf/NOTES.md). x_row(i) gives row i;
-// emit(row, i, value) as in warp_dot_rows; group_done(i) after row i's emits. parts: what
-// stage_rows returned (the first row waits for each part as it decodes it).
-template <DType T, class XT, class XRow, class Emit, class GroupDone>
-__device__ __forceinline__ void warp_dot_rows_all(const uint8_t* const staged[kRowsPerWarp], int k_len, int parts,
-                                                  int n, XRow&& x_row, int lane, Emit&& emit,
-                                                  GroupDone&& group_done) {
-  for (int t = 0; t < n; ++t) {
-    const XT* xs[1] = {x_row(t)};
-    warp_dot_rows<T, 1, XT>(staged, k_len, xs, lane, t == 0 ? parts : 0,
-                            [&](int r, int, float v) { emit(r, t, v); });
-    group_done(t);
+// Runs warp_dot_q8 over `tokens` tokens of a group NT at a time (tokens <= kMaxTokenGroup).
+template <DType T, int NT, class Emit>
+__device__ __forceinline__ void warp_dot_q8_group(const uint8_t* const staged[kRowsPerWarp], int k_len,
+                                                  const ActQ8& xq, int tokens, int lane, int parts_to_wait,
+                                                  int later_groups, Emit&& emit) {
+  for (int t0 = 0; t0 < tokens; t0 += NT) {
+    ActQ8 sub = xq;
+    sub.q += t0 * xq.q_stride;
+    sub.s8 += t0 * xq.s8_stride;
+    sub.d += t0 * xq.d_stride;
+    warp_dot_q8<T, NT>(staged, k_len, sub, min(NT, tokens - t0), lane, t0 == 0 ? parts_to_wait : 0, later_groups,
+                       [&](int r, int t, float v) { emit(r, t0 + t, v); });
   }
 }
 

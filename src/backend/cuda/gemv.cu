@@ -13,6 +13,7 @@ constexpr int kWarps = 4;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kTargetBlocks = 1024;        // ~8 blocks (32 warps) per SM on an H100/H200: decode is latency-bound
 constexpr int kMaxSegmentBytes = 2304;     // staged bytes per row per chunk (a Q4_K row of 4096)
+constexpr int kActSmemBudget = 24 * 1024;  // shared bytes for one token group's rounded activations
 
 struct GemvParams {
   const uint8_t* weights;
@@ -22,10 +23,11 @@ struct GemvParams {
   int32_t* counters;  // [row_tiles]
   int64_t rows, cols, row_bytes, k_chunk, n;
   int32_t k_splits, stride;
+  int32_t token_group;  // tokens whose rounded activations shared memory holds at once
 };
 
-template <DType T, class XT>
-__global__ void __launch_bounds__(kWarps * 32, 6) gemv_kernel(GemvParams p) {
+template <DType T, class XT, int NT>
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(GemvParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ bool last_block;
@@ -34,31 +36,37 @@ __global__ void __launch_bounds__(kWarps * 32, 6) gemv_kernel(GemvParams p) {
   const int64_t k0 = int64_t(split) * p.k_chunk;
   const int k_len = int(min(p.k_chunk, p.cols - k0));
   const int64_t row0 = int64_t(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp;
+  const bool has_rows = row0 < p.rows;
   allow_next_grid();
-  if (row0 < p.rows) {
+  const uint8_t* staged[kRowsPerWarp];
+  int parts = 0;
+  if (has_rows) {
     const uint8_t* src[kRowsPerWarp];
-    const uint8_t* staged[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int64_t row = row0 + r < p.rows ? row0 + r : row0;  // past the end: repeat a valid row
       src[r] = p.weights + row * p.row_bytes + k0 / U::kBlockElems * U::kBlockBytes;
     }
     // The weights do not depend on the previous kernel: fetch them before waiting for it.
-    const int parts = stage_rows(src, k_len / U::kBlockElems * U::kBlockBytes, part_bytes_of<T>(),
-                                 smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
-    wait_for_previous_grid();
-    const XT* x = static_cast<const XT*>(p.x);
-    warp_dot_rows_all<T, XT>(
-        staged, k_len, parts, int(p.n), [&](int t) { return x + t * p.cols + k0; }, lane,
-        [&](int r, int t, float v) {
-          const int64_t row = row0 + r;
-          if (row >= p.rows) return;
-          if (p.k_splits == 1) p.y[t * p.rows + row] = v;
-          else p.partial[(int64_t(split) * p.n + t) * p.rows + row] = v;
-        },
-        [](int) {});
-  } else {
-    wait_for_previous_grid();
+    parts = stage_rows(src, k_len / U::kBlockElems * U::kBlockBytes, part_bytes_of<T>(),
+                       smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+  }
+  wait_for_previous_grid();
+  const ActQ8 xq = act_q8_at(smem + kRowsPerBlock * p.stride + 16, p.token_group, k_len);
+  const XT* x = static_cast<const XT*>(p.x);
+  for (int t0 = 0; t0 < p.n; t0 += p.token_group) {
+    const int tokens = int(p.n - t0 < p.token_group ? p.n - t0 : p.token_group);
+    __syncthreads();  // the previous group's activations are no longer read
+    quantize_tokens([&](int t) { return x + (t0 + t) * p.cols + k0; }, tokens, k_len, xq,
+                    [](const XT* q, float v[8]) { load_x8<XT>(q, v); });
+    __syncthreads();
+    if (!has_rows) continue;
+    warp_dot_q8_group<T, NT>(staged, k_len, xq, tokens, lane, t0 == 0 ? parts : 0, 0, [&](int r, int t, float v) {
+      const int64_t row = row0 + r;
+      if (row >= p.rows) return;
+      if (p.k_splits == 1) p.y[(t0 + t) * p.rows + row] = v;
+      else p.partial[(int64_t(split) * p.n + t0 + t) * p.rows + row] = v;
+    });
   }
   if (p.k_splits == 1) return;
   // The last block of this row tile to finish adds the chunks' partial sums in chunk order.
@@ -79,7 +87,34 @@ __global__ void __launch_bounds__(kWarps * 32, 6) gemv_kernel(GemvParams p) {
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
+// Rounds x [n, cols] to int8 per block of 256 (quantize_activations_q8 below): one block of
+// kWarps warps per (token, up to kWarps blocks of 256), through the same device routine the GEMV
+// and MoE kernels run on their shared memory.
+__global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const float* x, int64_t cols, int8_t* q, float* d) {
+  const int64_t t = blockIdx.y;
+  const int64_t k0 = int64_t(blockIdx.x) * kWarps * kActBlock;
+  const int k_len = int(cols - k0 < int64_t(kWarps) * kActBlock ? cols - k0 : int64_t(kWarps) * kActBlock);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int i0 = warp * kActBlock + 8 * lane;
+  if (warp * kActBlock >= k_len) return;
+  const bool mine = i0 < k_len;
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (mine) load_x8<float>(x + t * cols + k0 + i0, v);
+  int r[8];
+  const float scale = round_block_q8(v, r);
+  if (mine)
+    for (int i = 0; i < 8; ++i) q[t * cols + k0 + i0 + i] = int8_t(r[i]);
+  if (lane == 0) d[t * ((cols + kActBlock - 1) / kActBlock) + (k0 + warp * kActBlock) / kActBlock] = scale;
+}
+
 int64_t segment_bytes(DType type, int64_t k) { return row_bytes(type, k); }
+
+// Tokens per group: as many as kActSmemBudget holds, up to kMaxTokenGroup.
+int32_t token_group_for(int64_t k_len) {
+  int32_t g = kMaxTokenGroup;
+  while (g > 1 && act_q8_bytes(g, int(k_len)) > kActSmemBudget) g /= 2;
+  return g;
+}
 
 }  // namespace
 
@@ -106,6 +141,11 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   const int64_t want_splits = std::max<int64_t>(1, (kTargetBlocks + plan.row_tiles - 1) / plan.row_tiles);
   int64_t chunk_blocks = (k_blocks + want_splits - 1) / want_splits;
   chunk_blocks = std::clamp(chunk_blocks, min_blocks, max_blocks);
+  // A chunk holds whole activation blocks of 256 (their int8 scale is per block, from the row's
+  // start): for Q8_0, a multiple of 8 weight blocks, unless it is the whole row.
+  const int64_t per_act_block = std::max<int64_t>(1, kActBlock / block_elems);
+  chunk_blocks = std::max<int64_t>(per_act_block, chunk_blocks / per_act_block * per_act_block);
+  if (chunk_blocks > k_blocks) chunk_blocks = k_blocks;
   plan.k_chunk = chunk_blocks * block_elems;
   plan.k_splits = int32_t((cols + plan.k_chunk - 1) / plan.k_chunk);
   plan.workspace_bytes = plan.k_splits == 1 ? 0
@@ -144,15 +184,32 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   p.n = args.n;
   p.k_splits = plan.k_splits;
   p.stride = staged_row_stride(int(segment_bytes(plan.type, plan.k_chunk)));
-  const size_t smem = size_t(kRowsPerBlock) * p.stride + 16;  // +16: word loads may touch past a row's end
+  p.token_group = args.n == 1 ? 1 : token_group_for(plan.k_chunk);
+  // +16: word loads may touch past a row's end
+  const size_t smem = size_t(kRowsPerBlock) * p.stride + 16 + size_t(act_q8_bytes(p.token_group, int(plan.k_chunk)));
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.k_splits));
   dispatch_block_type(plan.type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     const dim3 block(kWarps * 32);
-    check(args.x_bf16 ? launch_overlapped(gemv_kernel<T, __nv_bfloat16>, grid, block, smem, stream, p)
-                      : launch_overlapped(gemv_kernel<T, float>, grid, block, smem, stream, p),
-          "launching the GEMV kernel");
+    // One token: the few-register build (more warps per SM); more: units decoded once per 8 tokens.
+    using Bf16 = __nv_bfloat16;
+    auto* kernel = args.x_bf16 ? (args.n == 1 ? gemv_kernel<T, Bf16, 1> : gemv_kernel<T, Bf16, kMaxTokenGroup>)
+                               : (args.n == 1 ? gemv_kernel<T, float, 1> : gemv_kernel<T, float, kMaxTokenGroup>);
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "raising the GEMV kernel's shared memory limit");
+    check(launch_overlapped(kernel, grid, block, smem, stream, p), "launching the GEMV kernel");
   });
+}
+
+void quantize_activations_q8(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, cudaStream_t stream) {
+  if (n < 1 || cols < 32 || cols % 32 != 0)
+    throw_error("cannot round " + std::to_string(n) + " x " + std::to_string(cols) +
+                " activations to int8: need n >= 1 and cols a positive multiple of 32");
+  if (reinterpret_cast<uintptr_t>(x) & 15) throw_error("activations to round must be 16-byte aligned");
+  const int64_t per_block = int64_t(kWarps) * kActBlock;
+  const dim3 grid(unsigned((cols + per_block - 1) / per_block), unsigned(n));
+  quantize_q8_kernel<<<grid, kWarps * 32, 0, stream>>>(x, cols, q, d);
+  check(cudaGetLastError(), "launching the activation rounding kernel");
 }
 
 }  // namespace spill::cuda

@@ -1,11 +1,16 @@
 // Dense quantized GEMV for decode: y[n, rows] = x[n, cols] * W[rows, cols]^T with W in a ggml block
 // format (Q8_0, Q6_K, Q5_K, Q4_K, Q3_K, Q2_K), x in f32 or bf16, y in f32, n small (1..8 is the
-// decode case; any n works, in groups of 8). The weight bytes are read once for all n rows.
+// decode case; any n works, in groups of up to 8). The weight bytes are read once for all n rows.
 //
-// CPU twin: quant::dequantize_row and a float64 dot (tests/cuda_gemv_test.cpp).
+// Arithmetic: each token's activations are rounded to int8 per block of 256 exactly as
+// quant::quantize_activations_q8 rounds them (the CPU's int8-activation path), and the weights'
+// integer quants are dotted with them by __dp4a, the float scales applied per 32-weight unit
+// (block_dot.cuh). CPU twin: quant::quantize_activations_q8 + quant::dot_q8; the tests compare with
+// a float64 dot of the reference dequantizer's weights and those rounded activations.
 //
 // Work split: a block of 4 warps takes 16 rows; each warp stages 4 rows (one K-chunk of them) in
-// shared memory with coalesced 16-byte copies, then dots them with the activations. When the rows
+// shared memory with coalesced 16-byte copies, the block rounds a group of tokens' activations of
+// that chunk into shared memory, then each warp dots its rows with them. When the rows
 // alone give too few blocks to fill the GPU, K is split into chunks whose partial sums the last
 // block of each row tile adds in chunk order: the split depends on (type, rows, cols) only, so a
 // row's result never depends on n or on the other rows.
@@ -45,5 +50,11 @@ void init_gemv_workspace(const GemvPlan& plan, void* workspace, cudaStream_t str
 
 // Enqueues the GEMV on `stream`; no host synchronisation.
 void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream);
+
+// The int8 rounding the GEMV and MoE kernels apply to their activations, on its own: x [n, cols]
+// (cols a multiple of 32, 16-byte aligned, device) into q [n, cols] and d [n, ceil(cols / 256)],
+// bit for bit what quant::quantize_activations_q8 stores for each row (a non-finite activation
+// gives its block the scale NaN). For tests and for callers that want the rounded values.
+void quantize_activations_q8(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, cudaStream_t stream);
 
 }  // namespace spill::cuda

@@ -10,10 +10,35 @@ namespace {
 
 constexpr int kGateUpWarps = 8;  // each warp: 2 gate rows and the same 2 up rows
 constexpr int kGateUpRows = kGateUpWarps * 2;
-constexpr int kDownWarps = 4;    // each warp: 4 rows of down
-constexpr int kDownRows = kDownWarps * kRowsPerWarp;
+constexpr int kDownWarps = 8;    // each warp: kDownQuads x 4 rows of down, all staged at once
+constexpr int kDownQuads = 2;
+constexpr int kDownRows = kDownWarps * kDownQuads * kRowsPerWarp;
 constexpr int kMaxExperts = 4096;
 constexpr int kMaxPairs = 8192;
+constexpr int kActSmemBudget = 24 * 1024;  // shared bytes for one token group's rounded activations
+constexpr int kMaxSmem = 227 * 1024;       // an sm_90 block's dynamic shared memory limit
+
+// Tokens per group: as many as kActSmemBudget holds, up to kMaxTokenGroup; 2 for the one-token
+// builds (calls of up to kMaxTokenGroup tokens, whose experts mostly get one), so that more of
+// their blocks fit in an SM's shared memory.
+int32_t token_group_for(int64_t k_len, int64_t n) {
+  int32_t g = n <= kMaxTokenGroup ? 2 : kMaxTokenGroup;
+  while (g > 1 && act_q8_bytes(g, int(k_len)) > kActSmemBudget) g /= 2;
+  return g;
+}
+
+// Dynamic shared bytes of each kernel: staged rows, one token group's rounded activations, the
+// pair list.
+size_t gate_up_smem(const MoeShape& s, int64_t n, int64_t pairs) {
+  return size_t(kGateUpWarps) * kRowsPerWarp * staged_row_stride(int(row_bytes(s.gate_up_type, s.hidden))) + 16 +
+         size_t(act_q8_bytes(token_group_for(s.hidden, n), int(s.hidden))) + size_t(pairs) * sizeof(int);
+}
+size_t down_smem(const MoeShape& s, int64_t n, int64_t pairs) {
+  return size_t(kDownWarps) * kDownQuads * kRowsPerWarp *
+             staged_row_stride(int(row_bytes(s.down_type, s.width))) +
+         16 +
+         size_t(act_q8_bytes(token_group_for(s.width, n), int(s.width))) + size_t(pairs) * sizeof(int);
+}
 
 struct MoeParams {
   const ExpertWeights* table;
@@ -27,6 +52,7 @@ struct MoeParams {
   int64_t hidden, width;
   int32_t n_experts, top_k, pairs;
   int32_t stride;   // staged row stride in shared memory
+  int32_t token_group, act_bytes;  // tokens rounded to int8 at once, and their shared bytes
 };
 
 __device__ __forceinline__ int expert_key(int32_t id, int32_t n_experts) {
@@ -67,46 +93,63 @@ __device__ int gather_pairs(const MoeParams& p, int pair, int* list, int* shared
 
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
-template <DType T>
-__global__ void __launch_bounds__(kGateUpWarps * 32, 3) moe_gate_up_kernel(MoeParams p) {
+template <DType T, int NT>
+__global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_up_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ float scratch[kGateUpWarps][kRowsPerWarp];
+  __shared__ float scratch[kGateUpWarps][kRowsPerWarp][kMaxTokenGroup];
   __shared__ int count, shared_key;
   // The ids come from the router, the previous kernel: wait for it first. Then the down kernel
   // may start its prologue (fetching its weights) as this grid's blocks retire.
   wait_for_previous_grid();
   allow_next_grid();
-  int* list = reinterpret_cast<int*>(smem + kGateUpWarps * kRowsPerWarp * p.stride + 16);
+  const int staged_bytes = kGateUpWarps * kRowsPerWarp * p.stride + 16;
+  int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
+  // This pair's expert and its table entry are fetched before the scan of the ids, so the table
+  // read overlaps it instead of following it (one memory round trip less before the weights).
+  const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);
+  ExpertWeights e{};
+  if (own_key >= 0) e = p.table[own_key];
   const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
   const int key = shared_key;
   if (m == 0 || key < 0) return;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = int64_t(blockIdx.x) * kGateUpRows + 2 * warp;
-  if (row0 >= p.width) return;
-  const ExpertWeights e = p.table[key];
+  const bool has_rows = row0 < p.width;
   const int64_t rb = p.hidden / U::kBlockElems * U::kBlockBytes;
-  const int64_t row1 = row0 + 1 < p.width ? row0 + 1 : row0;
-  const uint8_t* gate = static_cast<const uint8_t*>(e.gate);
-  const uint8_t* up = static_cast<const uint8_t*>(e.up);
-  const uint8_t* src[kRowsPerWarp] = {gate + row0 * rb, gate + row1 * rb, up + row0 * rb, up + row1 * rb};
   const uint8_t* staged[kRowsPerWarp];
-  const int parts =
-      stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
-  warp_dot_rows_all<T, float>(
-      staged, int(p.hidden), parts, m, [&](int i) { return p.x + int64_t(list[i] / p.top_k) * p.hidden; }, lane,
-      [&](int r, int, float v) { scratch[warp][r] = v; },
-      [&](int i) {
-        __syncwarp();
-        if (lane < 2 && row0 + lane < p.width)
-          p.act[int64_t(list[i]) * p.width + row0 + lane] = __fmul_rn(silu(scratch[warp][lane]), scratch[warp][2 + lane]);
-        __syncwarp();
-      });
+  int parts = 0;
+  if (has_rows) {
+    const int64_t row1 = row0 + 1 < p.width ? row0 + 1 : row0;
+    const uint8_t* gate = static_cast<const uint8_t*>(e.gate);
+    const uint8_t* up = static_cast<const uint8_t*>(e.up);
+    const uint8_t* src[kRowsPerWarp] = {gate + row0 * rb, gate + row1 * rb, up + row0 * rb, up + row1 * rb};
+    parts = stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+  }
+  const ActQ8 xq = act_q8_at(smem + staged_bytes, p.token_group, int(p.hidden));
+  for (int i0 = 0; i0 < m; i0 += p.token_group) {
+    const int tokens = min(p.token_group, m - i0);
+    __syncthreads();  // the previous group's activations are no longer read
+    quantize_tokens([&](int t) { return p.x + int64_t(list[i0 + t] / p.top_k) * p.hidden; }, tokens, int(p.hidden), xq,
+                    [](const float* q, float v[8]) { load_x8<float>(q, v); });
+    __syncthreads();
+    if (!has_rows) continue;
+    warp_dot_q8_group<T, NT>(staged, int(p.hidden), xq, tokens, lane, i0 == 0 ? parts : 0, 0,
+                   [&](int r, int t, float v) { scratch[warp][r][t] = v; });
+    __syncwarp();
+    if (lane < 2 * tokens) {
+      const int r = lane & 1, t = lane >> 1;
+      if (row0 + r < p.width)
+        p.act[int64_t(list[i0 + t]) * p.width + row0 + r] =
+            __fmul_rn(silu(scratch[warp][r][t]), scratch[warp][2 + r][t]);
+    }
+    __syncwarp();
+  }
 }
 
-template <DType T>
-__global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams p) {
+template <DType T, int NT>
+__global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_kernel(MoeParams p) {
   using U = Unit<T>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int count, shared_key;
@@ -115,7 +158,11 @@ __global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams 
   // The ids were written before the gate/up kernel started (it waited for them), so they can be
   // read now; the weights too. Only the activations need the gate/up kernel finished.
   allow_next_grid();
-  int* list = reinterpret_cast<int*>(smem + kDownWarps * kRowsPerWarp * p.stride + 16);
+  const int staged_bytes = kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16;
+  int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
+  const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);  // as in gate/up: the table read
+  ExpertWeights e{};                                                // overlaps the scan of the ids
+  if (own_key >= 0) e = p.table[own_key];
   const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
   const int key = shared_key;
   if (m == 0) return;
@@ -133,7 +180,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams 
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row0 = int64_t(blockIdx.x) * kDownRows;
-  const int64_t row0 = tile_row0 + warp * kRowsPerWarp;
+  const int64_t row0 = tile_row0 + warp * kDownQuads * kRowsPerWarp;
   if (key < 0) {
     // Pairs with no valid expert contribute zero rows.
     wait_for_previous_grid();
@@ -141,26 +188,46 @@ __global__ void __launch_bounds__(kDownWarps * 32, 6) moe_down_kernel(MoeParams 
       const int64_t row = tile_row0 + i % kDownRows;
       if (row < p.hidden) p.partial[int64_t(list[i / kDownRows]) * p.hidden + row] = 0.0f;
     }
-  } else if (row0 < p.hidden) {
-    const ExpertWeights e = p.table[key];
+  } else {
+    // Both quads of the warp's rows go out before either is decoded: twice the bytes in flight
+    // for the same prologue (down rows are short: a whole row is one or two passes).
+    const uint8_t* staged[kDownQuads][kRowsPerWarp];
+    int parts[kDownQuads] = {};
     const int64_t rb = p.width / U::kBlockElems * U::kBlockBytes;
     const uint8_t* down = static_cast<const uint8_t*>(e.down);
-    const uint8_t* src[kRowsPerWarp];
-    const uint8_t* staged[kRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) src[r] = down + (row0 + r < p.hidden ? row0 + r : row0) * rb;
-    const int parts =
-        stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
+    for (int qd = 0; qd < kDownQuads; ++qd) {
+      const int64_t quad_row0 = row0 + qd * kRowsPerWarp;
+      if (quad_row0 >= p.hidden) continue;
+      const uint8_t* src[kRowsPerWarp];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        src[r] = down + (quad_row0 + r < p.hidden ? quad_row0 + r : quad_row0) * rb;
+      parts[qd] = stage_rows(src, int(rb), part_bytes_of<T>(),
+                             smem + (warp * kDownQuads + qd) * kRowsPerWarp * p.stride, p.stride, staged[qd], lane);
+    }
     wait_for_previous_grid();
-    warp_dot_rows_all<T, float>(
-        staged, int(p.width), parts, m, [&](int i) { return p.act + int64_t(list[i]) * p.width; }, lane,
-        [&](int r, int i, float v) {
-          const int64_t row = row0 + r;
-          if (row < p.hidden) p.partial[int64_t(list[i]) * p.hidden + row] = __fmul_rn(p.weights[list[i]], v);
-        },
-        [](int) {});
-  } else {
-    wait_for_previous_grid();
+    const ActQ8 xq = act_q8_at(smem + staged_bytes, p.token_group, int(p.width));
+    for (int i0 = 0; i0 < m; i0 += p.token_group) {
+      const int tokens = min(p.token_group, m - i0);
+      __syncthreads();
+      quantize_tokens([&](int t) { return p.act + int64_t(list[i0 + t]) * p.width; }, tokens, int(p.width), xq,
+                      [](const float* q, float v[8]) { load_x8_coherent(q, v); });
+      __syncthreads();
+#pragma unroll
+      for (int qd = 0; qd < kDownQuads; ++qd) {
+        const int64_t quad_row0 = row0 + qd * kRowsPerWarp;
+        if (quad_row0 >= p.hidden) continue;
+        const int later = qd + 1 < kDownQuads && quad_row0 + kRowsPerWarp < p.hidden ? parts[qd + 1] : 0;
+        warp_dot_q8_group<T, NT>(staged[qd], int(p.width), xq, tokens, lane, i0 == 0 ? parts[qd] : 0, later,
+                                 [&](int r, int t, float v) {
+                                   const int64_t row = quad_row0 + r;
+                                   const int pair = list[i0 + t];
+                                   if (row < p.hidden)
+                                     p.partial[int64_t(pair) * p.hidden + row] = __fmul_rn(p.weights[pair], v);
+                                 });
+      }
+    }
   }
 
   // The last of this tile's blocks adds each token's partial rows in slot order.
@@ -233,6 +300,11 @@ MoePlan plan_moe(const MoeShape& s, int64_t max_tokens) {
     throw_error("the CUDA MoE decode kernels take at most " + std::to_string(kMaxPairs) +
                 " (token, expert) pairs per call; asked for " + std::to_string(max_tokens) + " tokens x top-" +
                 std::to_string(s.top_k));
+  if (gate_up_smem(s, max_tokens, max_tokens * s.top_k) > kMaxSmem ||
+      down_smem(s, max_tokens, max_tokens * s.top_k) > kMaxSmem)
+    throw_error("the CUDA MoE decode kernels stage whole expert rows in shared memory, and rows of this shape (" +
+                shape_text() + ") with " + std::to_string(max_tokens) + " tokens need more than an sm_90 block's " +
+                std::to_string(kMaxSmem / 1024) + " KiB; use a smaller hidden/width or fewer tokens per call");
   MoePlan plan;
   plan.shape = s;
   plan.max_tokens = max_tokens;
@@ -268,33 +340,33 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
   p.n_experts = s.n_experts;
   p.top_k = s.top_k;
   p.pairs = int32_t(a.n * s.top_k);
-  const size_t list_bytes = size_t(p.pairs) * sizeof(int);
 
   dispatch_block_type(s.gate_up_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.hidden)));
-    const size_t smem = size_t(kGateUpWarps) * kRowsPerWarp * q.stride + 16 + list_bytes;
+    q.token_group = token_group_for(s.hidden, a.n);
+    q.act_bytes = act_q8_bytes(q.token_group, int(s.hidden));
+    const size_t smem = gate_up_smem(s, a.n, p.pairs);
     const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), unsigned(p.pairs));
-    {
-      check(cudaFuncSetAttribute(moe_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "raising the MoE gate/up kernel's shared memory limit");
-      check(launch_overlapped(moe_gate_up_kernel<T>, grid, dim3(kGateUpWarps * 32), smem, stream, q),
-            "launching the MoE gate/up kernel");
-    }
+    auto* kernel = a.n <= kMaxTokenGroup ? moe_gate_up_kernel<T, 1> : moe_gate_up_kernel<T, kMaxTokenGroup>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "raising the MoE gate/up kernel's shared memory limit");
+    check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q),
+          "launching the MoE gate/up kernel");
   });
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.width)));
-    const size_t smem = size_t(kDownWarps) * kRowsPerWarp * q.stride + 16 + list_bytes;
+    q.token_group = token_group_for(s.width, a.n);
+    q.act_bytes = act_q8_bytes(q.token_group, int(s.width));
+    const size_t smem = down_smem(s, a.n, p.pairs);
     const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), unsigned(p.pairs));
-    {
-      check(cudaFuncSetAttribute(moe_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "raising the MoE down kernel's shared memory limit");
-      check(launch_overlapped(moe_down_kernel<T>, grid, dim3(kDownWarps * 32), smem, stream, q),
-            "launching the MoE down kernel");
-    }
+    auto* kernel = a.n <= kMaxTokenGroup ? moe_down_kernel<T, 1> : moe_down_kernel<T, kMaxTokenGroup>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "raising the MoE down kernel's shared memory limit");
+    check(launch_overlapped(kernel, grid, dim3(kDownWarps * 32), smem, stream, q), "launching the MoE down kernel");
   });
 }
 

@@ -3,15 +3,21 @@
 //   E(x) = down(silu(gate x) * (up x)),
 // with gate/up/down in ggml block formats, reached through a per-expert pointer table that lives
 // in device memory. Two launches, no host synchronisation:
-//   1. gate_up: one block per (16 rows of the expert width, expert). Blocks are launched per
-//      (token, slot) pair; the block of the first pair routed to an expert gathers that expert's
-//      tokens from the ids (on the device) and does the work, the others return at once. So an
-//      expert's bytes are read once per step however many tokens route to it, and experts with no
-//      tokens cost nothing. Gate and up rows are dotted together and SiLU(gate) * up written per
-//      (token, slot) pair.
-//   2. down: the same grouping over 16-row tiles of the hidden size; each pair's row times its
-//      routing weight goes to a per-pair partial row; the last block to finish a tile adds the
-//      partial rows of each token in slot order.
+//   1. gate_up: one block of 8 warps per (16 rows of the expert width, (token, slot) pair); the
+//      block of the first pair routed to an expert gathers that expert's tokens from the ids (on
+//      the device) and does the work, the others return at once. So an expert's bytes are read
+//      once per step however many tokens route to it, and experts with no tokens cost nothing. The
+//      block stages its gate and up rows in shared memory (16-byte cp.async), rounds its tokens'
+//      x to int8 (block_dot.cuh: the CPU's quantize_activations_q8 rounding), dots gate and up rows
+//      together with __dp4a and writes SiLU(gate) * up per (token, slot) pair in f32.
+//   2. down: the same grouping over 64-row tiles of the hidden size (each warp stages two quads of
+//      rows before decoding either); each block rounds its pairs
+//      SiLU(gate) * up rows to int8 the same way; each pair's row times its routing weight goes to
+//      a per-pair partial row; the last block to finish a tile adds the partial rows of each token
+//      in slot order.
+// Calls of up to 8 tokens run a one-token build of both kernels (few registers, more warps per SM:
+// an expert mostly gets one token then); larger calls an 8-token build that decodes each weight
+// unit once for 8 tokens. Both give a token the same bits.
 // Every pair's arithmetic is the same whatever else is in the batch (block_dot.cuh), and the slot
 // sum has a fixed order, so a token's output is bit-identical alone or in any batch. The table is
 // read inside the kernels: it may change between steps, point at VRAM or at device-mapped pinned
