@@ -26,10 +26,10 @@ bool parse_hex(std::string_view s, uint64_t& out) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
-// Splits off the next space-separated field.
+// Splits off the next field (separated by spaces or tabs).
 std::string_view next_field(std::string_view& line) {
-  while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
-  const size_t n = std::min(line.find(' '), line.size());
+  while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+  const size_t n = std::min(line.find_first_of(" \t"), line.size());
   std::string_view f = line.substr(0, n);
   line.remove_prefix(n);
   return f;
