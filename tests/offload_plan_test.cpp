@@ -183,5 +183,17 @@ TEST(OffloadPlan, UniformPlanPutsTheShareOfEveryLayerOnHost) {
   EXPECT_EQ(offload::uniform_plan({.n_layers = 2, .n_experts = 4, .expert_bytes = 8, .host_share = 1.0}).host_expert_count(), 8);
 }
 
+// The fuzz target's seeds (tests/fuzz/corpus/plan/) are plans the reader accepts, so the fuzzer
+// starts from inputs that reach the layout.
+TEST(OffloadPlan, FuzzSeedsAreValidPlans) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(SPILL_TEST_DATA) + "/../fuzz/corpus/plan")) {
+    const offload::PlacementPlan p = offload::load_plan(entry.path().string());
+    EXPECT_EQ(p.n_layers, 6) << entry.path();
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+}
+
 }  // namespace
 }  // namespace spill
