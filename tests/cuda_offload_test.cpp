@@ -105,7 +105,10 @@ int64_t count_home(const ExpertStore& s, const test::ExpertShape& shape, Home h)
   return n;
 }
 
-TEST(CudaOffload, InPlaceFileExpertsAndPinnedCopiesAreBitIdenticalToVram) {
+// The share of experts on host: 0%, 30%, 100% (a parameter, so a sanitizer run can take one).
+class CudaOffloadShare : public ::testing::TestWithParam<double> {};
+
+TEST_P(CudaOffloadShare, InPlaceFileExpertsAndPinnedCopiesAreBitIdenticalToVram) {
   SPILL_SKIP_WITHOUT_GPU();
   const test::ExpertShape shape;
   const test::ExpertBytes ex(shape);
@@ -116,31 +119,30 @@ TEST(CudaOffload, InPlaceFileExpertsAndPinnedCopiesAreBitIdenticalToVram) {
   ASSERT_EQ(from_file.moe_layers.size(), 2u);
   const offload::ExpertSources from_memory = ex.sources();
 
-  for (double share : {0.0, 0.3, 1.0}) {
-    const offload::PlacementPlan plan = test::share_plan(shape, share);
-    const int64_t host = plan.host_expert_count();
-    SCOPED_TRACE(fmt::format("{} of {} experts on host", host, 2 * shape.n_experts));
-    {
-      const auto store = ExpertStore::build(from_file, plan);
-      if (!store->report().read_only_registration) GTEST_SKIP() << "this GPU cannot register read-only host memory";
-      EXPECT_EQ(count_home(*store, shape, Home::HostInPlace), host);
-      EXPECT_EQ(count_home(*store, shape, Home::Vram), 2 * shape.n_experts - host);
-      EXPECT_EQ(store->report().host_copy_bytes, 0);
-      expect_store_matches(ex, *store, "GGUF pages read in place");
-    }
-    {
-      const auto store = ExpertStore::build(from_memory, plan);
-      EXPECT_EQ(count_home(*store, shape, Home::HostCopy), host);
-      EXPECT_EQ(store->report().copy_reasons.not_file, host);
-      expect_store_matches(ex, *store, "pinned copies");
-    }
-    {
-      const auto store = ExpertStore::build(from_file, plan, {.in_place = false});
-      EXPECT_EQ(count_home(*store, shape, Home::HostCopy), host);
-      expect_store_matches(ex, *store, "GGUF experts copied to pinned memory");
-    }
+  const offload::PlacementPlan plan = test::share_plan(shape, GetParam());
+  const int64_t host = plan.host_expert_count();
+  SCOPED_TRACE(fmt::format("{} of {} experts on host", host, 2 * shape.n_experts));
+  {
+    const auto store = ExpertStore::build(from_file, plan);
+    if (!store->report().read_only_registration) GTEST_SKIP() << "this GPU cannot register read-only host memory";
+    EXPECT_EQ(count_home(*store, shape, Home::HostInPlace), host);
+    EXPECT_EQ(count_home(*store, shape, Home::Vram), 2 * shape.n_experts - host);
+    EXPECT_EQ(store->report().host_copy_bytes, 0);
+    expect_store_matches(ex, *store, "GGUF pages read in place");
+  }
+  {
+    const auto store = ExpertStore::build(from_memory, plan);
+    EXPECT_EQ(count_home(*store, shape, Home::HostCopy), host);
+    EXPECT_EQ(store->report().copy_reasons.not_file, host);
+    expect_store_matches(ex, *store, "pinned copies");
+  }
+  {
+    const auto store = ExpertStore::build(from_file, plan, {.in_place = false});
+    EXPECT_EQ(count_home(*store, shape, Home::HostCopy), host);
+    expect_store_matches(ex, *store, "GGUF experts copied to pinned memory");
   }
 }
+INSTANTIATE_TEST_SUITE_P(HostShares, CudaOffloadShare, ::testing::Values(0.0, 0.3, 1.0));
 
 TEST(CudaOffload, HostPointersOfTheTableAreTheFilePagesThemselves) {
   SPILL_SKIP_WITHOUT_GPU();
@@ -199,7 +201,9 @@ TEST(CudaOffload, HostMemoryInUseIsThePlansWithinAFewPercent) {
     if (!r.read_only_registration) GTEST_SKIP() << "this GPU cannot register read-only host memory";
     EXPECT_EQ(r.host_copy_bytes, 0);
     EXPECT_GE(double(r.registered_bytes), planned);
-    EXPECT_LE(double(r.registered_bytes), planned + 2.0 * double(offload::page_size()) * double(r.registrations));
+    // At most a page at each end of each registered run, plus the alignment gaps between the fused
+    // tensors (under 32 bytes each) inside it.
+    EXPECT_LE(double(r.registered_bytes), planned + 2.0 * double(offload::page_size()) * double(r.registrations) + 3 * 32);
     // The file pages become resident in this process as they are pinned (tmpfs pages count as
     // shared memory, a disk file's as file pages); anonymous memory does not grow by a copy.
     const double file_grown = double((r.after.rss_file - r.before.rss_file) + (r.after.rss_shmem - r.before.rss_shmem));

@@ -236,7 +236,8 @@ TEST(OffloadLayout, FileExpertsAreReadInPlaceThroughMergedPageCovers) {
     }
     // The covers pin at most a page on each side of each run of host experts beyond their bytes.
     EXPECT_GE(lay.registered_bytes, lay.in_place_bytes);
-    EXPECT_LE(lay.registered_bytes, lay.in_place_bytes + int64_t(2 * page * lay.registrations.size()));
+    // (plus, inside a run, the alignment gaps between fused tensors: under 32 bytes each, 6 tensors)
+    EXPECT_LE(lay.registered_bytes, lay.in_place_bytes + int64_t(2 * page * lay.registrations.size()) + 6 * 32);
     if (share == 1.0) {
       // Whole fused tensors, back to back in the file: one registration per mapping.
       EXPECT_EQ(lay.registrations.size(), 1u);

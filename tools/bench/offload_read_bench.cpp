@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
         rows.push_back(r);
       }
     }
-    if (o.gguf_layers > 0) {
+    if (o.gguf_layers > 0) try {
       // The same experts in a GGUF file, every expert read in place from its registered pages.
       const std::string path = (std::filesystem::temp_directory_path() / ("spill-offload-bench-" + std::to_string(getpid()) + ".gguf")).string();
       Clock::time_point t = Clock::now();
@@ -380,6 +380,8 @@ int main(int argc, char** argv) {
         }
       }
       std::filesystem::remove(path);
+    } catch (const Error& e) {
+      std::printf("in-place run from a GGUF skipped: %s\n", e.what());
     }
     std::printf("\n");
     print_rows(rows, measured);
