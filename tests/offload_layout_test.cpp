@@ -327,7 +327,7 @@ TEST(OffloadModel, GgufExpertsAreTheFilesPagesAndMatchThePlacementAccounting) {
   // The planner's plan, through its JSON, checks against the model and is read in place.
   const placement::PlanOutcome out = plan_for(*model, DType::Q8_0, 0.5);
   ASSERT_TRUE(out.fits) << out.refusal;
-  const offload::PlacementPlan plan = offload::parse_plan(placement::plan_to_json(out), "plan.json");
+  const offload::PlacementPlan plan = offload::plan_from_outcome(out);
   offload::check_plan(plan, src);
   const offload::StoreLayout lay = offload::layout_experts(plan, src, offload::read_process_maps(), {});
   EXPECT_EQ(lay.host_in_place, out.plan.host_experts());

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "placement/planner.h"
 
 namespace spill::offload {
 
@@ -34,6 +35,11 @@ ExpertSources expert_sources(const Model& model) {
     out.moe_layers.push_back(std::move(ml));
   }
   return out;
+}
+
+PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome) {
+  if (!outcome.fits) fail("the placement plan does not fit: {}", outcome.refusal);
+  return parse_plan(placement::plan_to_json(outcome), "the start-up plan");
 }
 
 #if SPILL_HAVE_CUDA

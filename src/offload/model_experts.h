@@ -12,7 +12,10 @@
 
 namespace spill {
 class Model;
+namespace placement {
+struct PlanOutcome;
 }
+}  // namespace spill
 
 namespace spill::offload {
 
@@ -21,6 +24,11 @@ namespace spill::offload {
 // spill::Error when an expert's matrices are not what the MoE kernels take (gate and up of
 // different types, shapes that disagree with the spec).
 ExpertSources expert_sources(const Model& model);
+
+// A plan made at start-up (placement::make_plan) as the store reads it: through its JSON, so a plan
+// planned in process and one loaded from `--plan FILE` pass the same checks. Throws spill::Error
+// when the outcome is a refusal.
+PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome);
 
 #if SPILL_HAVE_CUDA
 // Checks `plan` against `model`, then places every routed expert of the plan's layers on
