@@ -6,6 +6,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -22,6 +27,65 @@ namespace {
 using offload::ExpertStore;
 using offload::Home;
 using test::DeviceBuffer;
+
+// The driver calls the store relies on, one at a time, each announced before it is made (a call
+// that never returns then names itself in the log): pinning anonymous memory, then read-only
+// registration of a read-only private mapping of a file, with its pages written back and dirty,
+// and the GPU copying from the registered pages.
+TEST(CudaOffloadDriver, RegistersReadOnlyFilePages) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const size_t bytes = size_t(1) << 20;
+  auto step = [](const char* what) {
+    std::printf("  driver step: %s\n", what);
+    std::fflush(stdout);
+  };
+  std::vector<uint8_t> pattern(bytes);
+  for (size_t i = 0; i < bytes; ++i) pattern[i] = uint8_t(i * 7 + 3);
+  {
+    step("cudaHostRegister(Mapped) of anonymous memory");
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    std::memset(p, 1, bytes);
+    CUDA_OK(cudaHostRegister(p, bytes, cudaHostRegisterMapped));
+    CUDA_OK(cudaHostUnregister(p));
+    ::munmap(p, bytes);
+  }
+  int read_only = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, 0));
+  std::printf("  cudaDevAttrHostRegisterReadOnlySupported = %d\n", read_only);
+  if (!read_only) GTEST_SKIP() << "no read-only registration on this GPU";
+  for (int variant = 0; variant < 3; ++variant) {
+    test::TempFile file(fmt::format("driver-{}.bin", variant));
+    {
+      const int fd = ::open(file.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::write(fd, pattern.data(), bytes), ssize_t(bytes));
+      if (variant == 0) ::fsync(fd);
+      ::close(fd);
+    }
+    const int fd = ::open(file.path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    ASSERT_NE(p, MAP_FAILED);
+    const unsigned flags = cudaHostRegisterMapped | cudaHostRegisterReadOnly | (variant == 2 ? cudaHostRegisterPortable : 0);
+    step(variant == 0 ? "cudaHostRegister(Mapped | ReadOnly) of a written-back file mapping"
+         : variant == 1 ? "cudaHostRegister(Mapped | ReadOnly) of a file mapping with dirty pages"
+                        : "cudaHostRegister(Mapped | ReadOnly | Portable) of a file mapping with dirty pages");
+    const auto t0 = std::chrono::steady_clock::now();
+    CUDA_OK(cudaHostRegister(p, bytes, flags));
+    std::printf("  registered in %.3f ms\n", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    void* dev = nullptr;
+    CUDA_OK(cudaHostGetDevicePointer(&dev, p, 0));
+    step("the GPU copies from the registered pages");
+    DeviceBuffer d(bytes);
+    CUDA_OK(cudaMemcpy(d.ptr, dev, bytes, cudaMemcpyDeviceToDevice));
+    EXPECT_EQ(test::download<uint8_t>(d.ptr, bytes), pattern);
+    step("cudaHostUnregister");
+    CUDA_OK(cudaHostUnregister(p));
+    ::munmap(p, bytes);
+  }
+}
 
 // The reference: every expert of a layer uploaded by hand into VRAM, one cudaMalloc per projection
 // of the fused tensor, and its table.

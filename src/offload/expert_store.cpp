@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -30,6 +32,19 @@ std::string format_bytes(int64_t b) {
 }
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// SPILL_OFFLOAD_TRACE=1: each start-up step on stderr as it begins, for a build that stalls in a
+// driver call (which no timeout inside the process can interrupt).
+void trace(const std::string& what) {
+  static const bool on = [] {
+    const char* v = std::getenv("SPILL_OFFLOAD_TRACE");
+    return v && *v && *v != '0';
+  }();
+  if (!on) return;
+  static const Clock::time_point t0 = Clock::now();
+  std::fprintf(stderr, "[offload %8.3f s] %s\n", since(t0), what.c_str());
+  std::fflush(stderr);
+}
 
 void cuda_ok(cudaError_t err, const std::string& what) {
   if (err != cudaSuccess)
@@ -102,6 +117,7 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
   rep.before = read_process_memory();
 
   Clock::time_point t = Clock::now();
+  trace("plan check");
   check_plan(plan, sources);
   if (options.plan_gpu < 0 || options.plan_gpu >= plan.n_gpus)
     fail("{}: the store was asked for the plan's GPU {}, the plan has {}", plan.where, options.plan_gpu, plan.n_gpus);
@@ -116,6 +132,7 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
   rep.read_only_registration = read_only != 0;
 
   t = Clock::now();
+  trace("layout");
   const uint64_t page = page_size();
   st.layout_ = layout_experts(plan, sources, read_only ? read_process_maps() : std::vector<MappedRegion>{},
                               {.gpu = options.plan_gpu, .in_place = options.in_place && read_only != 0, .page = page});
@@ -169,10 +186,12 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
           jobs.push_back({span + ll.span.down, ml.experts[e].down, size_t(ml.down_bytes())});
         }
       }
+      trace(fmt::format("host copy: {} into the arena", format_bytes(lay.host_copy_bytes)));
       parallel_copy(jobs, node);
       rep.times.host_copy = since(t);
 
       t = Clock::now();
+      trace("registering the arena");
       cuda_ok(cudaHostRegister(st.arena_, st.arena_bytes_, cudaHostRegisterMapped | cudaHostRegisterPortable),
               fmt::format("pinning {} for host experts", format_bytes(lay.host_copy_bytes)));
       st.arena_registered_ = true;
@@ -185,6 +204,7 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
     for (size_t i = 0; i < lay.registrations.size(); ++i) {
       const AddressRange& r = lay.registrations[i];
       void* host = reinterpret_cast<void*>(r.begin);
+      trace(fmt::format("registering file pages {}/{}: {} at {:#x}", i + 1, lay.registrations.size(), format_bytes(int64_t(r.bytes())), r.begin));
       cuda_ok(cudaHostRegister(host, r.bytes(), cudaHostRegisterMapped | cudaHostRegisterReadOnly | cudaHostRegisterPortable),
               fmt::format("registering {} of the model file's pages for in-place reads (set in_place off to copy "
                           "them into pinned memory instead)",
@@ -214,6 +234,7 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
 
     // VRAM: one block per layer, then the copies.
     t = Clock::now();
+    trace(fmt::format("VRAM: {} in {} layers", format_bytes(lay.vram_bytes), lay.layers.size()));
     std::vector<uint8_t*> vram(lay.layers.size(), nullptr);
     for (size_t i = 0; i < lay.layers.size(); ++i) {
       if (lay.layers[i].vram_bytes == 0) continue;
@@ -257,6 +278,7 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
 
     // Tables: every layer's in one allocation.
     t = Clock::now();
+    trace("tables");
     size_t entries = 0;
     for (const LayerTable& lt : st.tables_) entries += lt.host.size();
     rep.table_bytes = int64_t(entries * sizeof(cuda::ExpertWeights));
@@ -291,10 +313,12 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
   rep.copy_reasons = lay.copy_reasons;
   rep.after = read_process_memory();
   rep.times.total = since(t_start);
+  trace("built");
   return store;
 }
 
 void ExpertStore::release() noexcept {
+  trace("releasing");
   int previous = -1;
   cudaGetDevice(&previous);
   cudaSetDevice(device_);

@@ -291,6 +291,7 @@ void pinned_allocation(double gib, int node) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a stalled run still shows how far it got
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -325,6 +326,7 @@ int main(int argc, char** argv) {
                 "layers, %d steps per graph, median of %d\n",
                 prop.name, (long long)s.hidden, (long long)s.width, (long long)s.experts, (long long)s.top_k,
                 double(s.expert_bytes()) / 1e6, o.layers, o.steps, o.reps);
+    std::printf("measuring the ceilings...\n");
     const cuda::ReadBandwidth bw = cuda::measure_read_bandwidth(0, 1.0);
     const Ceilings measured{.hbm = bw.hbm_read_gbps, .host = bw.host_read_gbps};
     std::printf("measured ceilings: HBM read %.0f GB/s, in-place pinned host read %.1f GB/s (nominal 4530, 50)\n",
@@ -336,11 +338,13 @@ int main(int argc, char** argv) {
 
     std::vector<Row> rows;
     for (double share : {0.0, 0.3, 1.0}) {
+      std::printf("building the store with %.0f%% of experts on host...\n", share * 100);
       const auto store = offload::ExpertStore::build(sources, plan_for(s, o.layers, share));
       std::printf("\n%.0f%% on host (pinned copies):\n%s", share * 100, store->report().summary().c_str());
       for (int n : o.batches) {
         Row r = time_store(*store, s, o.layers, n, o);
         finish(r, fmt::format("{:.0f}% host (pinned)", share * 100), measured);
+        std::printf("  batch %d: %.1f us\n", n, r.us);
         rows.push_back(r);
       }
     }
