@@ -2,8 +2,10 @@
 #if SPILL_HAVE_CUDA
 #include "offload/expert_store.h"
 
+#include <fcntl.h>
 #include <numa.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -134,7 +136,8 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
   t = Clock::now();
   trace("layout");
   const uint64_t page = page_size();
-  st.layout_ = layout_experts(plan, sources, read_only ? read_process_maps() : std::vector<MappedRegion>{},
+  const std::vector<MappedRegion> regions_at_layout = read_only ? read_process_maps() : std::vector<MappedRegion>{};
+  st.layout_ = layout_experts(plan, sources, regions_at_layout,
                               {.gpu = options.plan_gpu, .in_place = options.in_place && read_only != 0, .page = page});
   const StoreLayout& lay = st.layout_;
   rep.times.layout = since(t);
@@ -198,8 +201,25 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
       rep.times.host_register += since(t);
     }
 
-    // In-place experts: register each merged page cover once, read-only.
+    // In-place experts: register each merged page cover once, read-only. First the files are
+    // written back: a long-term pin may have to migrate a page (out of a movable zone), and the
+    // kernel cannot migrate a dirty page-cache page, so pinning a file written moments ago (a test's,
+    // a fresh download's) could retry without end; fsync of a clean file returns at once.
     t = Clock::now();
+    {
+      std::vector<int64_t> files;
+      for (const AddressRange& r : lay.registrations)
+        if (files.empty() || files.back() != r.region) files.push_back(r.region);
+      for (int64_t f : files) {
+        const std::string& path = regions_at_layout[size_t(f)].path;
+        trace("writing back " + path);
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+          ::fsync(fd);
+          ::close(fd);
+        }
+      }
+    }
     std::vector<uint8_t*> cover_device(lay.registrations.size(), nullptr);
     for (size_t i = 0; i < lay.registrations.size(); ++i) {
       const AddressRange& r = lay.registrations[i];
