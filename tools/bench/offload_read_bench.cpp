@@ -219,15 +219,19 @@ Row time_store(const offload::ExpertStore& store, const Shape& s, int layers, in
   return r;
 }
 
-void print_rows(const std::vector<Row>& rows, const Ceilings& measured) {
+void print_header() {
   std::printf("%-22s %5s %9s %9s %9s %9s %9s %7s %9s %7s %9s %9s\n", "placement", "batch", "host exp", "host MB",
               "VRAM MB", "step us", "pred us", "of pred", "pred(m)us", "of (m)", "host GB/s", "HBM GB/s");
-  for (const Row& r : rows)
-    std::printf("%-22s %5d %9.1f %9.2f %9.2f %9.1f %9.1f %6.0f%% %9.1f %6.0f%% %9.1f %9.1f\n", r.placement.c_str(), r.batch,
-                r.host_experts, r.host_mb, r.vram_mb, r.us, r.pred_nominal_us, 100.0 * r.pred_nominal_us / r.us,
-                r.pred_measured_us, 100.0 * r.pred_measured_us / r.us, r.host_mb * 1e-3 / (r.us * 1e-6),
-                r.vram_mb * 1e-3 / (r.us * 1e-6));
-  (void)measured;
+}
+void print_row(const Row& r) {
+  std::printf("%-22s %5d %9.1f %9.2f %9.2f %9.1f %9.1f %6.0f%% %9.1f %6.0f%% %9.1f %9.1f\n", r.placement.c_str(), r.batch,
+              r.host_experts, r.host_mb, r.vram_mb, r.us, r.pred_nominal_us, 100.0 * r.pred_nominal_us / r.us,
+              r.pred_measured_us, 100.0 * r.pred_measured_us / r.us, r.host_mb * 1e-3 / (r.us * 1e-6),
+              r.vram_mb * 1e-3 / (r.us * 1e-6));
+}
+void print_rows(const std::vector<Row>& rows) {
+  print_header();
+  for (const Row& r : rows) print_row(r);
 }
 
 void finish(Row& r, const std::string& name, const Ceilings& measured) {
@@ -344,7 +348,8 @@ int main(int argc, char** argv) {
       for (int n : o.batches) {
         Row r = time_store(*store, s, o.layers, n, o);
         finish(r, fmt::format("{:.0f}% host (pinned)", share * 100), measured);
-        std::printf("  batch %d: %.1f us\n", n, r.us);
+        std::printf("  row: ");
+        print_row(r);
         rows.push_back(r);
       }
     }
@@ -379,6 +384,8 @@ int main(int argc, char** argv) {
           for (int n : o.batches) {
             Row r = time_store(*store, s, o.gguf_layers, n, o);
             finish(r, fmt::format("{:.0f}% host (GGUF) L{}", share * 100, o.gguf_layers), measured);
+            std::printf("  row: ");
+            print_row(r);
             rows.push_back(r);
           }
         }
@@ -388,7 +395,7 @@ int main(int argc, char** argv) {
       std::printf("in-place run from a GGUF skipped: %s\n", e.what());
     }
     std::printf("\n");
-    print_rows(rows, measured);
+    print_rows(rows);
     std::printf("pred: host bytes / 50 GB/s + VRAM bytes / 4530 GB/s; pred(m): the same with the measured ceilings; "
                 "\"of pred\": pred / measured step time\n");
     if (o.alloc_gib > 0) {
