@@ -198,7 +198,7 @@ TEST_P(CudaOffloadShare, InPlaceFileExpertsAndPinnedCopiesAreBitIdenticalToVram)
     expect_store_matches(ex, *store, "GGUF experts copied to pinned memory");
   }
   {
-    const auto store = ExpertStore::build(from_file, plan);
+    const auto store = ExpertStore::build(from_file, plan, {.in_place = true});
     if (!store->report().read_only_registration) GTEST_SKIP() << "this GPU cannot register read-only host memory";
     EXPECT_EQ(count_home(*store, shape, Home::HostInPlace), host);
     EXPECT_EQ(count_home(*store, shape, Home::Vram), 2 * shape.n_experts - host);
@@ -216,7 +216,7 @@ TEST(CudaOffload, HostPointersOfTheTableAreTheFilePagesThemselves) {
   ex.write_gguf(file.path);
   const auto gguf = gguf::GgufFile::open(file.path);
   const offload::ExpertSources src = test::gguf_sources(*gguf, shape);
-  const auto store = ExpertStore::build(src, test::share_plan(shape, 1.0));
+  const auto store = ExpertStore::build(src, test::share_plan(shape, 1.0), {.in_place = true});
   if (!store->report().read_only_registration) GTEST_SKIP() << "this GPU cannot register read-only host memory";
   // Each in-place entry is a device address of the registered file page that holds the expert:
   // cudaPointerGetAttributes gives its host address back.
@@ -259,7 +259,7 @@ TEST(CudaOffload, HostMemoryInUseIsThePlansWithinAFewPercent) {
     test::TempFile file("experts-mem.gguf");
     ex.write_gguf(file.path);
     const auto gguf = gguf::GgufFile::open(file.path);
-    const auto store = ExpertStore::build(test::gguf_sources(*gguf, shape), plan);
+    const auto store = ExpertStore::build(test::gguf_sources(*gguf, shape), plan, {.in_place = true});
     const offload::ExpertStoreReport& r = store->report();
     std::printf("%s", r.summary().c_str());
     if (!r.read_only_registration) GTEST_SKIP() << "this GPU cannot register read-only host memory";

@@ -29,7 +29,11 @@ inline constexpr int kNumaNodeOfGpu = -2;
 struct ExpertStoreOptions {
   int plan_gpu = 0;      // the plan's GPU whose layers this store holds
   int cuda_device = -1;  // -1: the calling thread's current device
-  bool in_place = true;  // read host experts from the model file's pages where it holds them as the kernels read them
+  // Read host experts from the model file's pages where it holds them as the kernels read them.
+  // Off by default for now: on the lent H200 (driver 580.159.04) cudaHostRegister of a page range
+  // inside a larger read-only file mapping never returned (1 MiB registrations of a whole mapping
+  // took 0.5-0.7 ms); see docs/offload.md. Copies into pinned memory are used instead.
+  bool in_place = false;
   int numa_node = kNumaNodeOfGpu;  // pinned copies: the GPU's own node, -1 none (first touch), or a node id
 };
 

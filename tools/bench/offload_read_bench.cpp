@@ -379,7 +379,7 @@ int main(int argc, char** argv) {
                                                static_cast<const uint8_t*>(file->find(blk + "ffn_down_exps.weight")->view.data)));
         }
         for (double share : {0.3, 1.0}) {
-          const auto store = offload::ExpertStore::build(gs, plan_for(s, o.gguf_layers, share));
+          const auto store = offload::ExpertStore::build(gs, plan_for(s, o.gguf_layers, share), {.in_place = true});
           std::printf("%.0f%% on host, in place from the GGUF:\n%s", share * 100, store->report().summary().c_str());
           for (int n : o.batches) {
             Row r = time_store(*store, s, o.gguf_layers, n, o);
