@@ -201,10 +201,10 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
       rep.times.host_register += since(t);
     }
 
-    // In-place experts: register each merged page cover once, read-only. First the files are
-    // written back: a long-term pin may have to migrate a page (out of a movable zone), and the
-    // kernel cannot migrate a dirty page-cache page, so pinning a file written moments ago (a test's,
-    // a fresh download's) could retry without end; fsync of a clean file returns at once.
+    // In-place experts: register each merged page cover once, read-only. The files are written back
+    // first, so that no pin waits on dirty page-cache pages (a long-term pin may migrate pages);
+    // fsync of a clean file returns at once. (On the lent H200 this did not cure the stall of
+    // sub-range registrations: docs/perf/offload-h200-2026-12-01.md.)
     t = Clock::now();
     {
       std::vector<int64_t> files;
