@@ -1,0 +1,52 @@
+#include "offload/model_experts.h"
+
+#include "core/error.h"
+#include "model/model.h"
+#include "placement/planner.h"
+
+namespace spill::offload {
+
+ExpertSources expert_sources(const Model& model) {
+  const ModelSpec& s = model.spec();
+  ExpertSources out{.where = model.where(), .n_layers = s.n_layers, .top_k = s.n_experts_per_token};
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    if (!s.layer_is_moe[size_t(l)]) continue;
+    const LayerWeights& lw = model.layers[size_t(l)];
+    if (lw.experts.empty()) fail("{}: layer {} is a MoE layer without experts", model.where(), l);
+    const ExpertWeights& first = lw.experts[0];
+    MoeLayerSource ml{.layer = l, .hidden = s.hidden_size, .width = s.moe_intermediate_size,
+                      .gate_up_type = first.gate.dtype, .down_type = first.down.dtype};
+    for (size_t e = 0; e < lw.experts.size(); ++e) {
+      const ExpertWeights& x = lw.experts[e];
+      // One type per projection across the layer: the kernels decode a layer with one gate/up type
+      // and one down type.
+      if (x.gate.dtype != ml.gate_up_type || x.up.dtype != ml.gate_up_type || x.down.dtype != ml.down_type)
+        fail("{}: layer {} expert {}: gate {}, up {}, down {}; the MoE kernels need gate and up of one type and every "
+             "expert of a layer alike (requantize with one experts type, e.g. --quant experts=q4_k)",
+             model.where(), l, e, dtype_name(x.gate.dtype), dtype_name(x.up.dtype), dtype_name(x.down.dtype));
+      auto shaped = [&](const TensorView& t, int64_t rows, int64_t cols) { return t.rows() == rows && t.cols() == cols; };
+      if (!shaped(x.gate, ml.width, ml.hidden) || !shaped(x.up, ml.width, ml.hidden) || !shaped(x.down, ml.hidden, ml.width))
+        fail("{}: layer {} expert {}: gate {}, up {}, down {} do not match width {} and hidden {}", model.where(), l, e,
+             shape_str(x.gate), shape_str(x.up), shape_str(x.down), ml.width, ml.hidden);
+      ml.experts.push_back({.gate = static_cast<const uint8_t*>(x.gate.data),
+                            .up = static_cast<const uint8_t*>(x.up.data),
+                            .down = static_cast<const uint8_t*>(x.down.data)});
+    }
+    out.moe_layers.push_back(std::move(ml));
+  }
+  return out;
+}
+
+PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome) {
+  if (!outcome.fits) fail("the placement plan does not fit: {}", outcome.refusal);
+  return parse_plan(placement::plan_to_json(outcome), "the start-up plan");
+}
+
+#if SPILL_HAVE_CUDA
+std::unique_ptr<ExpertStore> build_expert_store(const Model& model, const PlacementPlan& plan,
+                                                const ExpertStoreOptions& options) {
+  return ExpertStore::build(expert_sources(model), plan, options);
+}
+#endif
+
+}  // namespace spill::offload

@@ -1,0 +1,41 @@
+// The bridge between a loaded Model and the expert store: the model's routed experts as the store
+// reads them, and (CUDA builds) the one call a runner makes to place them as a plan says.
+#pragma once
+#include "offload/expert_layout.h"
+#include "offload/plan_file.h"
+
+#if SPILL_HAVE_CUDA
+#include <memory>
+
+#include "offload/expert_store.h"
+#endif
+
+namespace spill {
+class Model;
+namespace placement {
+struct PlanOutcome;
+}
+}  // namespace spill
+
+namespace spill::offload {
+
+// Every MoE layer's routed experts, pointing at the model's own bytes (mapped file pages for a
+// GGUF, the model's owned copies after --quant, anonymous pages for --synthetic). Throws
+// spill::Error when an expert's matrices are not what the MoE kernels take (gate and up of
+// different types, shapes that disagree with the spec).
+ExpertSources expert_sources(const Model& model);
+
+// A plan made at start-up (placement::make_plan) as the store reads it: through its JSON, so a plan
+// planned in process and one loaded from `--plan FILE` pass the same checks. Throws spill::Error
+// when the outcome is a refusal.
+PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome);
+
+#if SPILL_HAVE_CUDA
+// Checks `plan` against `model`, then places every routed expert of the plan's layers on
+// options.plan_gpu as it says and uploads the per-layer device tables. The store must not outlive
+// the model (in-place experts are the model's file pages).
+std::unique_ptr<ExpertStore> build_expert_store(const Model& model, const PlacementPlan& plan,
+                                                const ExpertStoreOptions& options = {});
+#endif
+
+}  // namespace spill::offload

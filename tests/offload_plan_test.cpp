@@ -1,0 +1,199 @@
+// Reading placement plans (src/offload/plan_file.h): what the planner writes reads back as the
+// planner decided, and every field the runtime relies on is validated with a message that names
+// the file and the field.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "offload/plan_file.h"
+#include "placement/memory.h"
+#include "placement/planner.h"
+
+namespace spill {
+namespace {
+
+using json = nlohmann::json;
+
+// The planner's plan for S30 (tests/data/shapes/s30.json) at Q4_K experts with 30% of them in
+// host RAM, and its JSON.
+struct PlannedS30 {
+  placement::PlanOutcome outcome;
+  std::string text;
+  PlannedS30() {
+    placement::PlanRequest req;
+    req.shape = placement::load_model_shape(std::string(SPILL_TEST_DATA) + "/shapes/s30.json");
+    req.types = placement::parse_tensor_class_types("q4_k_m,experts=q4_k");
+    req.gpu_mem = {int64_t(140) << 30};
+    req.max_model_len = 8192;
+    req.max_seqs = 4;
+    req.min_host_fraction = 0.3;
+    outcome = placement::make_plan(req);
+    text = placement::plan_to_json(outcome);
+  }
+};
+const PlannedS30& s30() {
+  static const PlannedS30 p;
+  return p;
+}
+
+// The error message of parsing `j`, or "" when it parses.
+std::string error_of(const json& j) {
+  try {
+    offload::parse_plan(j.dump(), "plan.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OffloadPlan, ReadsBackWhatThePlannerDecided) {
+  const PlannedS30& p = s30();
+  ASSERT_TRUE(p.outcome.fits) << p.outcome.refusal;
+  const offload::PlacementPlan plan = offload::parse_plan(p.text, "plan.json");
+  const placement::Plan& want = p.outcome.plan;
+  EXPECT_EQ(plan.n_layers, 48);
+  EXPECT_EQ(plan.n_experts, 128);
+  EXPECT_EQ(plan.top_k, 8);
+  EXPECT_EQ(plan.hidden_size, 2048);
+  EXPECT_EQ(plan.moe_intermediate_size, 768);
+  EXPECT_EQ(plan.expert_type, DType::Q4_K);
+  EXPECT_EQ(plan.n_gpus, 1);
+  EXPECT_EQ(plan.routed_expert_bytes, want.bytes.routed_expert_bytes);
+  ASSERT_EQ(plan.layers.size(), want.layers.size());
+  for (size_t l = 0; l < plan.layers.size(); ++l) {
+    EXPECT_EQ(plan.layers[l].host, want.layers[l].host_experts) << "layer " << l;
+    EXPECT_EQ(plan.layers[l].gpu, want.layers[l].gpu);
+    EXPECT_EQ(plan.layers[l].moe, want.layers[l].moe);
+    EXPECT_EQ(plan.layers[l].expert_bytes, want.bytes.layers[l].routed_expert_bytes);
+  }
+  EXPECT_EQ(plan.host_expert_count(), want.host_experts());
+  EXPECT_GE(double(plan.host_expert_count()), 0.3 * 48 * 128);
+  // Host bytes: the plan's own total is the placement module's figure, experts (and embedding).
+  EXPECT_EQ(plan.host_bytes, want.host_bytes());
+  EXPECT_EQ(plan.host_expert_bytes(), want.host_experts() * want.bytes.routed_expert_bytes);
+}
+
+TEST(OffloadPlan, LoadsAFileAndNamesAMissingOne) {
+  const std::string path = (std::filesystem::temp_directory_path() / "spill-offload-plan-test.json").string();
+  {
+    std::ofstream out(path);
+    out << s30().text;
+  }
+  EXPECT_EQ(offload::load_plan(path).host_expert_count(), s30().outcome.plan.host_experts());
+  std::filesystem::remove(path);
+  try {
+    offload::load_plan(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+// Each broken plan is refused with the field it breaks in the message.
+TEST(OffloadPlan, RefusesBrokenPlansNamingTheField) {
+  const json good = json::parse(s30().text);
+  ASSERT_EQ(error_of(good), "");
+  // Layer 5's host list, for edits.
+  const json host5 = good["layers"][5]["host"];
+  ASSERT_GE(host5.size(), 2u);
+  struct Case {
+    const char* field;
+    std::function<void(json&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"format", [](json& j) { j["format"] = "spill-routing-profile"; }},
+      {"version", [](json& j) { j["version"] = 2; }},
+      {"version", [](json& j) { j.erase("version"); }},
+      {"model.n_layers", [](json& j) { j["model"].erase("n_layers"); }},
+      {"model.n_layers", [](json& j) { j["model"]["n_layers"] = 48.5; }},
+      {"model.n_layers", [](json& j) { j["model"]["n_layers"] = "48"; }},
+      {"model.n_experts", [](json& j) { j["model"]["n_experts"] = -1; }},
+      {"model.top_k", [](json& j) { j["model"]["top_k"] = 129; }},
+      {"types.experts", [](json& j) { j["types"]["experts"] = "Q4_X"; }},
+      {"routed_expert_bytes", [](json& j) { j["routed_expert_bytes"] = uint64_t(1) << 63; }},
+      {"layers", [](json& j) { j["layers"].erase(j["layers"].end() - 1); }},
+      {"layers[3].layer", [](json& j) { j["layers"][3]["layer"] = 4; }},
+      {"layers[3].gpu", [](json& j) { j["layers"][3]["gpu"] = 1; }},
+      {"layers[3].moe", [](json& j) { j["layers"][3]["moe"] = 1; }},
+      {"layers[3].experts", [](json& j) { j["layers"][3]["experts"] = 64; }},
+      {"layers[3].expert_bytes", [](json& j) { j["layers"][3]["expert_bytes"] = 1000; }},
+      {"layers[5].host[1]", [&](json& j) { j["layers"][5]["host"][1] = host5[0]; }},            // repeated
+      {"layers[5].host[1]", [&](json& j) { std::swap(j["layers"][5]["host"][0], j["layers"][5]["host"][1]); }},  // order
+      {"layers[5].host[0]", [](json& j) { j["layers"][5]["host"][0] = 128; }},                  // out of range
+      {"layers[5].host[0]", [](json& j) { j["layers"][5]["host"][0] = -1; }},
+      {"layers[5].host", [](json& j) { j["layers"][5]["host"] = "all"; }},
+      {"layers[5].host", [](json& j) { j["layers"][5].erase("host"); }},
+      {"host.experts", [](json& j) { j["layers"][5]["host"].erase(j["layers"][5]["host"].end() - 1); }},
+      {"host.bytes", [](json& j) { j["host"]["bytes"] = j["host"]["bytes"].get<int64_t>() + 1; }},
+      {"gpus", [](json& j) { j["gpus"] = json::array(); }},
+      {"gpus[0].layers", [](json& j) { j["gpus"][0]["layers"] = {1, 48}; }},
+      {"gpus", [](json& j) { j["gpus"][0]["layers"] = {0, 47}; }},
+      {"gpus[0].gpu", [](json& j) { j["gpus"][0]["gpu"] = 3; }},
+      {"(top level)", [](json& j) { j = json::array(); }},
+  };
+  for (const Case& c : cases) {
+    json j = good;
+    c.edit(j);
+    const std::string why = error_of(j);
+    EXPECT_NE(why.find(std::string("plan.json: ") + c.field), std::string::npos)
+        << "field " << c.field << ": " << (why.empty() ? "accepted" : why);
+  }
+}
+
+TEST(OffloadPlan, DenseLayersHaveNoExperts) {
+  json j = json::parse(s30().text);
+  // A plan of a model whose layer 0 is dense: it lists no experts, and a host list there is refused.
+  j["layers"][0] = {{"layer", 0}, {"gpu", 0}, {"moe", false}};
+  const int64_t dropped = int64_t(json::parse(s30().text)["layers"][0]["host"].size());
+  j["host"]["experts"] = j["host"]["experts"].get<int64_t>() - dropped;
+  j["host"]["bytes"] = j["host"]["bytes"].get<int64_t>() - dropped * j["routed_expert_bytes"].get<int64_t>();
+  EXPECT_EQ(error_of(j), "");
+  const offload::PlacementPlan p = offload::parse_plan(j.dump(), "plan.json");
+  EXPECT_FALSE(p.layers[0].moe);
+  EXPECT_TRUE(p.layers[0].host.empty());
+  j["layers"][0]["host"] = {1};
+  EXPECT_NE(error_of(j).find("layers[0].host"), std::string::npos);
+}
+
+TEST(OffloadPlan, RefusesTextThatIsNotAPlan) {
+  for (const std::string& text : std::vector<std::string>{"", "{", "null", "[1,2]", std::string(100, '[') + std::string(100, ']')}) {
+    try {
+      offload::parse_plan(text, "plan.json");
+      ADD_FAILURE() << "accepted: " << text.substr(0, 20);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("plan.json"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(OffloadPlan, UniformPlanPutsTheShareOfEveryLayerOnHost) {
+  const offload::PlacementPlan p = offload::uniform_plan(
+      {.n_layers = 4, .n_experts = 10, .top_k = 2, .hidden_size = 256, .moe_intermediate_size = 256,
+       .layer_is_moe = {true, false, true, true}, .expert_bytes = 1000, .host_share = 0.3});
+  EXPECT_EQ(p.host_expert_count(), 9);  // 3 of 10 in each of 3 MoE layers
+  EXPECT_TRUE(p.layers[1].host.empty());
+  for (const offload::PlannedLayer& l : p.layers)
+    for (size_t i = 1; i < l.host.size(); ++i) EXPECT_LT(l.host[i - 1], l.host[i]);
+  EXPECT_EQ(p.host_bytes, 9000);
+  // And it is a plan the reader would accept (same checks, through JSON written by hand).
+  EXPECT_EQ(offload::uniform_plan({.n_layers = 2, .n_experts = 4, .expert_bytes = 8, .host_share = 1.0}).host_expert_count(), 8);
+}
+
+// The fuzz target's seeds (tests/fuzz/corpus/plan/) are plans the reader accepts, so the fuzzer
+// starts from inputs that reach the layout.
+TEST(OffloadPlan, FuzzSeedsAreValidPlans) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(SPILL_TEST_DATA) + "/../fuzz/corpus/plan")) {
+    const offload::PlacementPlan p = offload::load_plan(entry.path().string());
+    EXPECT_EQ(p.n_layers, 6) << entry.path();
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+}
+
+}  // namespace
+}  // namespace spill
