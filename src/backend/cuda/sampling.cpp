@@ -9,7 +9,7 @@
 
 namespace spill::cuda {
 
-static_assert(kSampledRowTopMax == kMaxTopLogprobs, "SampledRow holds kMaxTopLogprobs alternatives");
+static_assert(kSampledRowTopMax == kMaxTopLogprobs, "GpuSampledToken holds kMaxTopLogprobs alternatives");
 
 SamplingPlan::SamplingPlan(int32_t max_rows, int64_t vocab) : max_rows_(max_rows), vocab_(vocab) {
   if (max_rows < 1) throw_error("SamplingPlan: max_rows must be >= 1, got " + std::to_string(max_rows));
@@ -23,9 +23,9 @@ SamplingPlan::SamplingPlan(int32_t max_rows, int64_t vocab) : max_rows_(max_rows
   check(cudaMalloc(&scores_dev_, cells * sizeof(float)), "SamplingPlan: allocating the score rows");
   check(cudaMalloc(&mass_dev_, cells * sizeof(uint64_t)), "SamplingPlan: allocating the mass rows");
   check(cudaMalloc(&params_dev_, size_t(max_rows) * sizeof(SamplingRowParams)), "SamplingPlan: allocating parameters");
-  check(cudaMalloc(&out_dev_, size_t(max_rows) * sizeof(SampledRow)), "SamplingPlan: allocating results");
+  check(cudaMalloc(&out_dev_, size_t(max_rows) * sizeof(GpuSampledToken)), "SamplingPlan: allocating results");
   check(cudaMallocHost(&params_host_, size_t(max_rows) * sizeof(SamplingRowParams)), "SamplingPlan: pinned parameters");
-  check(cudaMallocHost(&out_host_, size_t(max_rows) * sizeof(SampledRow)), "SamplingPlan: pinned results");
+  check(cudaMallocHost(&out_host_, size_t(max_rows) * sizeof(GpuSampledToken)), "SamplingPlan: pinned results");
 }
 
 SamplingPlan::~SamplingPlan() {
@@ -114,12 +114,12 @@ void SamplingPlan::launch(const float* logits, int32_t rows, cudaStream_t stream
   const SampleRowsArgs args{logits, vocab_, params_dev_, penalties_dev_, scores_dev_, mass_dev_, out_dev_};
   launch_sample_rows(args, rows, stream);
   check(cudaGetLastError(), "SamplingPlan::launch: the sampling kernel");
-  check(cudaMemcpyAsync(out_host_, out_dev_, size_t(rows) * sizeof(SampledRow), cudaMemcpyDeviceToHost, stream),
+  check(cudaMemcpyAsync(out_host_, out_dev_, size_t(rows) * sizeof(GpuSampledToken), cudaMemcpyDeviceToHost, stream),
         "SamplingPlan::launch: copying results");
   launched_rows_ = rows;
 }
 
-std::span<const SampledRow> SamplingPlan::finish(cudaStream_t stream) {
+std::span<const GpuSampledToken> SamplingPlan::finish(cudaStream_t stream) {
   check(cudaStreamSynchronize(stream), "SamplingPlan::finish: the sampling kernel");
   for (int32_t r = 0; r < launched_rows_; ++r)
     if (out_host_[r].token < 0)

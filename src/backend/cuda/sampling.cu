@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleRowsArgs a)
     }
   }
 
-  SampledRow* out = a.out + row;
+  GpuSampledToken* out = a.out + row;
   if (threadIdx.x == 0) {
     out->token = token;
     out->top_count = 0;

@@ -48,7 +48,7 @@ class SamplingPlan {
   // of the results to pinned host memory. No host synchronisation.
   void launch(const float* logits, int32_t rows, cudaStream_t stream);
   // Waits for the launch's results; throws spill::Error for a row with no finite logit.
-  std::span<const SampledRow> finish(cudaStream_t stream);
+  std::span<const GpuSampledToken> finish(cudaStream_t stream);
 
  private:
   int32_t max_rows_;
@@ -64,8 +64,8 @@ class SamplingPlan {
   SamplingPenaltyEntry* penalties_dev_ = nullptr;
   float* scores_dev_ = nullptr;     // [max_rows, vocab]
   uint64_t* mass_dev_ = nullptr;    // [max_rows, vocab]
-  SampledRow* out_dev_ = nullptr;
-  SampledRow* out_host_ = nullptr;  // pinned
+  GpuSampledToken* out_dev_ = nullptr;
+  GpuSampledToken* out_host_ = nullptr;  // pinned
 };
 
 }  // namespace spill::cuda

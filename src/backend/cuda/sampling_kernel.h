@@ -35,7 +35,7 @@ struct SamplingPenaltyEntry {
 };
 
 // One row's result. token is -1 when no logit is finite (finish() then throws).
-struct SampledRow {
+struct GpuSampledToken {
   int32_t token = -1;
   float logprob = 0.0f;
   int32_t top_count = 0;
@@ -51,7 +51,7 @@ struct SampleRowsArgs {
   const SamplingPenaltyEntry* penalties = nullptr;
   float* scores = nullptr;                       // scratch [rows, vocab]
   uint64_t* mass = nullptr;                      // scratch [rows, vocab]
-  SampledRow* out = nullptr;                     // [rows]
+  GpuSampledToken* out = nullptr;                     // [rows]
 };
 
 // One block per row; asynchronous on stream.
