@@ -186,6 +186,10 @@ int32_t select_by_mass(std::span<const uint64_t> keys, std::span<const uint64_t>
 }  // namespace
 
 int32_t SequenceSampler::pick_random(std::span<float> scores, SamplerWorkspace& ws) {
+  // A row's integer masses (2^45 for the top token) must sum below 2^63.
+  if (scores.size() > kMaxSampledVocab)
+    fail("sampler: a vocabulary of {} logits is more than the {} the sampler's integer masses hold", scores.size(),
+         kMaxSampledVocab);
   const float inv_t = 1.0f / params_.temperature;
   std::vector<int32_t>& cand = ws.candidates;
   cand.clear();

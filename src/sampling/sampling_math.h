@@ -20,6 +20,9 @@
 
 namespace spill {
 
+// Most logits per row a sampler accepts: 2^18 masses of at most 2^45 sum below 2^63.
+inline constexpr uint64_t kMaxSampledVocab = uint64_t(1) << 18;
+
 // Mass of a weight of 1 (the top token): 2^45.
 inline constexpr double kSamplingMassOne = 35184372088832.0;
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "sampling/sampling_math.h"
 
 namespace spill::cuda {
 
@@ -14,7 +15,7 @@ static_assert(kSampledRowTopMax == kMaxTopLogprobs, "GpuSampledToken holds kMaxT
 SamplingPlan::SamplingPlan(int32_t max_rows, int64_t vocab) : max_rows_(max_rows), vocab_(vocab) {
   if (max_rows < 1) throw_error("SamplingPlan: max_rows must be >= 1, got " + std::to_string(max_rows));
   // The integer masses (2^45 per top token) of a row must sum below 2^63.
-  if (vocab < 1 || vocab > (int64_t(1) << 18))
+  if (vocab < 1 || uint64_t(vocab) > kMaxSampledVocab)
     throw_error("SamplingPlan: vocab must be in [1, 262144] (the integer sampling masses' range), got " +
                 std::to_string(vocab));
   params_.resize(size_t(max_rows));
