@@ -43,7 +43,7 @@ std::vector<SamplingParams> combinations() {
   c.push_back({.temperature = 1e-3f, .top_p = 0.5f});
   for (size_t i = 0; i < c.size(); ++i) {
     c[i].logprobs = (i % 3) != 0;
-    c[i].top_logprobs = c[i].logprobs ? int32_t((i * 7) % (kMaxTopLogprobs + 1)) : 0;
+    c[i].top_logprobs = c[i].logprobs ? int32_t((i * 5 + 1) % (kMaxTopLogprobs + 1)) : 0;
   }
   return c;
 }
