@@ -120,6 +120,8 @@ int compare_rows(std::vector<RowCase>& rows, int64_t vocab, int steps) {
                                       << " rep " << p.repetition_penalty << " seed " << reference.seed()
                                       << " index " << rows[r].sampler.n_sampled());
       EXPECT_EQ(got[r].token, want.token);
+      const SampledToken host = cuda::to_sampled_token(got[r], p);
+      EXPECT_EQ(host.top.size(), want.top.size());
       if (p.logprobs) {
         float max_logit = kNegInf;
         for (float x : rows[r].logits)
@@ -218,7 +220,11 @@ TEST(CudaSampling, NoFiniteLogitIsAnError) {
     plan.set_row(0, a);
     plan.set_row(1, b);
     plan.launch(d.as<float>(), 2, nullptr);
-    EXPECT_THROW(plan.finish(nullptr), Error);
+    const auto got = plan.finish(nullptr);
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].token, -1);
+    EXPECT_EQ(got[1].token, -1);
+    EXPECT_THROW(cuda::to_sampled_token(got[0], a.params()), Error);
     SamplerWorkspace ws;
     EXPECT_THROW(a.sample(std::span<const float>(logits.data(), size_t(vocab)), ws), Error);
   }

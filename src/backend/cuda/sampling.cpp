@@ -122,11 +122,19 @@ void SamplingPlan::launch(const float* logits, int32_t rows, cudaStream_t stream
 
 std::span<const GpuSampledToken> SamplingPlan::finish(cudaStream_t stream) {
   check(cudaStreamSynchronize(stream), "SamplingPlan::finish: the sampling kernel");
-  for (int32_t r = 0; r < launched_rows_; ++r)
-    if (out_host_[r].token < 0)
-      throw_error("sampler (GPU): row " + std::to_string(r) +
-                  ": every logit is -inf or NaN, so no token can be picked; the model's output is broken");
   return {out_host_, size_t(launched_rows_)};
+}
+
+SampledToken to_sampled_token(const GpuSampledToken& row, const SamplingParams& params) {
+  if (row.token < 0)
+    throw_error("sampler (GPU): every logit is -inf or NaN, so no token can be picked; the model's output is broken");
+  SampledToken out;
+  out.token = row.token;
+  if (params.logprobs) {
+    out.logprob = row.logprob;
+    for (int32_t i = 0; i < row.top_count; ++i) out.top.push_back({row.top_tokens[i], row.top_logprobs[i]});
+  }
+  return out;
 }
 
 }  // namespace spill::cuda

@@ -12,7 +12,8 @@
 //
 // Use: build a plan once for the most rows and the vocabulary; each step, set_row() for every row
 // from its SequenceSampler (parameters, seed, token index, and the sparse penalty lists), launch()
-// on the logits, finish() to wait for the small result copy, then SequenceSampler::accept(token).
+// on the logits, finish() to wait for the small result copy, then per row to_sampled_token() and
+// SequenceSampler::accept(token). One launch in flight per plan (its staging buffers are reused).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -47,7 +48,9 @@ class SamplingPlan {
   // stream: uploads the rows' parameters and penalty lists, runs the kernel, and starts the copy
   // of the results to pinned host memory. No host synchronisation.
   void launch(const float* logits, int32_t rows, cudaStream_t stream);
-  // Waits for the launch's results; throws spill::Error for a row with no finite logit.
+  // Waits for the launch's results (valid until the next launch). A row with no finite logit has
+  // token -1: to_sampled_token() turns it into that row's spill::Error, as SequenceSampler::sample
+  // would have thrown, so one broken row need not fail the batch.
   std::span<const GpuSampledToken> finish(cudaStream_t stream);
 
  private:
@@ -67,5 +70,9 @@ class SamplingPlan {
   GpuSampledToken* out_dev_ = nullptr;
   GpuSampledToken* out_host_ = nullptr;  // pinned
 };
+
+// The host's SampledToken of a row (logprobs only when the row asked); throws spill::Error for a row
+// with no finite logit. The caller then records the pick: SequenceSampler::accept(token).
+SampledToken to_sampled_token(const GpuSampledToken& row, const SamplingParams& params);
 
 }  // namespace spill::cuda
