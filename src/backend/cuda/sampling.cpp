@@ -21,15 +21,22 @@ SamplingPlan::SamplingPlan(int32_t max_rows, int64_t vocab) : max_rows_(max_rows
   params_.resize(size_t(max_rows));
   row_penalties_.resize(size_t(max_rows));
   const size_t cells = size_t(max_rows) * size_t(vocab);
-  check(cudaMalloc(&scores_dev_, cells * sizeof(float)), "SamplingPlan: allocating the score rows");
-  check(cudaMalloc(&mass_dev_, cells * sizeof(uint64_t)), "SamplingPlan: allocating the mass rows");
-  check(cudaMalloc(&params_dev_, size_t(max_rows) * sizeof(SamplingRowParams)), "SamplingPlan: allocating parameters");
-  check(cudaMalloc(&out_dev_, size_t(max_rows) * sizeof(GpuSampledToken)), "SamplingPlan: allocating results");
-  check(cudaMallocHost(&params_host_, size_t(max_rows) * sizeof(SamplingRowParams)), "SamplingPlan: pinned parameters");
-  check(cudaMallocHost(&out_host_, size_t(max_rows) * sizeof(GpuSampledToken)), "SamplingPlan: pinned results");
+  try {
+    check(cudaMalloc(&scores_dev_, cells * sizeof(float)), "SamplingPlan: allocating the score rows");
+    check(cudaMalloc(&mass_dev_, cells * sizeof(uint64_t)), "SamplingPlan: allocating the mass rows");
+    check(cudaMalloc(&params_dev_, size_t(max_rows) * sizeof(SamplingRowParams)), "SamplingPlan: allocating parameters");
+    check(cudaMalloc(&out_dev_, size_t(max_rows) * sizeof(GpuSampledToken)), "SamplingPlan: allocating results");
+    check(cudaMallocHost(&params_host_, size_t(max_rows) * sizeof(SamplingRowParams)), "SamplingPlan: pinned parameters");
+    check(cudaMallocHost(&out_host_, size_t(max_rows) * sizeof(GpuSampledToken)), "SamplingPlan: pinned results");
+  } catch (...) {
+    release();
+    throw;
+  }
 }
 
-SamplingPlan::~SamplingPlan() {
+SamplingPlan::~SamplingPlan() { release(); }
+
+void SamplingPlan::release() {
   cudaFree(scores_dev_);
   cudaFree(mass_dev_);
   cudaFree(params_dev_);
@@ -38,6 +45,14 @@ SamplingPlan::~SamplingPlan() {
   cudaFreeHost(params_host_);
   cudaFreeHost(out_host_);
   cudaFreeHost(penalties_host_);
+  scores_dev_ = nullptr;
+  mass_dev_ = nullptr;
+  params_dev_ = nullptr;
+  out_dev_ = nullptr;
+  penalties_dev_ = nullptr;
+  params_host_ = nullptr;
+  out_host_ = nullptr;
+  penalties_host_ = nullptr;
 }
 
 void SamplingPlan::set_row(int32_t row, const SamplingRowParams& params, std::span<const SamplingPenaltyEntry> penalties) {

@@ -54,12 +54,13 @@ class SamplingPlan {
   std::span<const GpuSampledToken> finish(cudaStream_t stream);
 
  private:
+  void release();
+
   int32_t max_rows_;
   int64_t vocab_;
   int32_t launched_rows_ = 0;
   std::vector<SamplingRowParams> params_;                 // host staging, per row
   std::vector<std::vector<SamplingPenaltyEntry>> row_penalties_;
-  std::vector<SamplingPenaltyEntry> penalties_;           // all rows' lists, concatenated at launch
   SamplingRowParams* params_host_ = nullptr;              // pinned
   SamplingPenaltyEntry* penalties_host_ = nullptr;        // pinned
   int64_t penalty_capacity_ = 0;
