@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <limits>
+#include <algorithm>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
+#include "sampling/sampling_math.h"
 
 namespace spill {
 namespace {
@@ -225,6 +228,78 @@ TEST(Sampler, LogprobsAreRawLogSoftmaxWithTopAlternatives) {
 
 // A device sampler picks the token and the host sampler records it with accept(): every later
 // pick (draw counter and penalty history) must be what it would have been had the host picked it.
+// The draw's definition written the plain way: candidates sorted (score, then lower id), integer
+// masses, top-k, top-p's prefix, min-p, then the first token whose cumulative mass passes the
+// target. The sampler finds the same token with a digit search that never sorts (and that the
+// GPU sampler shares); vocabularies above 32 candidates take that path.
+int32_t reference_draw(const SamplingParams& p, const std::vector<float>& logits, uint64_t seed, uint64_t index) {
+  const float inv_t = 1.0f / p.temperature;
+  std::vector<float> s(logits.size());
+  std::vector<int32_t> cand;
+  for (size_t t = 0; t < logits.size(); ++t) {
+    s[t] = logits[t] * inv_t;
+    if (s[t] > kNegInf) cand.push_back(int32_t(t));
+  }
+  std::stable_sort(cand.begin(), cand.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+  if (p.top_k > 0 && size_t(p.top_k) < cand.size()) cand.resize(size_t(p.top_k));
+  const float max_score = s[size_t(cand[0])];
+  std::vector<uint64_t> mass;
+  uint64_t total = 0;
+  for (int32_t t : cand) total += mass.emplace_back(sampling_mass(sampling_weight(s[size_t(t)], max_score)));
+  if (p.top_p < 1.0f) {
+    const uint64_t limit = sampling_top_p_limit(p.top_p, total);
+    uint64_t before = 0;
+    size_t keep = 0;
+    while (keep < cand.size() && (keep == 0 || before < limit)) before += mass[keep++];
+    cand.resize(keep);
+    mass.resize(keep);
+  }
+  for (size_t i = 0; i < cand.size(); ++i)
+    if (p.min_p > 0.0f && sampling_weight(s[size_t(cand[i])], max_score) < double(p.min_p)) mass[i] = 0;
+  total = 0;
+  for (uint64_t m : mass) total += m;
+  const uint64_t target = sampling_target(seed, index, total);
+  uint64_t cumulative = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    if (mass[i] == 0) continue;
+    last = cand[i];
+    cumulative += mass[i];
+    if (cumulative > target) return cand[i];
+  }
+  return last;
+}
+
+TEST(Sampler, DrawIsTheCumulativeIntegerMassInRankOrder) {
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> normal(0.0f, 2.5f);
+  const std::vector<SamplingParams> settings = {
+      {.temperature = 1.0f},
+      {.temperature = 0.7f, .top_k = 40},
+      {.temperature = 1.0f, .top_p = 0.9f},
+      {.temperature = 1.3f, .min_p = 0.05f},
+      {.temperature = 0.8f, .top_k = 500, .top_p = 0.95f, .min_p = 0.01f},
+      {.temperature = 2.0f, .top_k = 33},
+  };
+  for (int row = 0; row < 12; ++row) {
+    std::vector<float> logits(3001);
+    for (auto& x : logits) x = normal(rng);
+    if (row % 3 == 1)
+      for (auto& x : logits) x = std::round(x);  // many ties
+    if (row % 3 == 2)
+      for (size_t i = 0; i < logits.size(); i += 3) logits[i] = kNegInf;
+    for (const SamplingParams& base : settings) {
+      SamplingParams p = base;
+      p.seed = rng();
+      SequenceSampler s(p, {}, 0);
+      SamplerWorkspace ws;
+      for (uint64_t index = 0; index < 20; ++index)
+        ASSERT_EQ(s.sample(logits, ws).token, reference_draw(p, logits, *p.seed, index))
+            << "row " << row << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p << " index " << index;
+    }
+  }
+}
+
 TEST(Sampler, AcceptingAPickMadeElsewhereLeavesTheSamplerAsIfItHadPicked) {
   std::vector<float> logits(500);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(std::cos(double(i) * 0.21) * 1.5);

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <string>
 
+#include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_info.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -16,19 +17,23 @@ namespace spill {
 namespace {
 
 // ==== CUDA runner: the one place it plugs in ==================================================
-// Whether this build can run a model on a GPU. It becomes SPILL_HAVE_CUDA's value once the CUDA
-// runner is part of the build; until then --device cuda is refused and auto means cpu.
+// Whether this build can run a model on a GPU.
+#ifdef SPILL_HAVE_CUDA
+constexpr bool kHaveCudaRunner = true;
+#else
 constexpr bool kHaveCudaRunner = false;
+#endif
 
 std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOptions& options, int cuda_index) {
-  // When the CUDA runner lands, this becomes:
-  //   return make_cuda_runner(model, CudaRunnerConfig{.device = cuda_index, .kv = options.kv,
-  //                                                   .limits = options.limits, .host_threads = options.threads});
-  // (kv.bytes == 0 and kv.blocks == 0: the pool takes what is left of the GPU after weights and
-  // workspace; limits.max_model_len == 0: the model's context, capped by the pool.)
-  (void)model;
-  (void)options;
-  fail("--device cuda:{}: this build has no CUDA runner; use --device cpu", cuda_index);
+  // kv.blocks == 0 and kv.bytes == 0: the pool takes what is left of the GPU after the weights and
+  // the workspace (less a reserve); limits.max_model_len == 0: the model's context, capped by the pool.
+  const RunnerLimits& limits = options.limits;
+  return make_cuda_runner(model, CudaRunnerConfig{.kv = {.block_size = options.kv.block_size, .n_blocks = options.kv.blocks},
+                                                  .kv_budget_bytes = options.kv.bytes,
+                                                  .device = cuda_index,
+                                                  .max_batch_tokens = limits.max_batch_tokens,
+                                                  .max_seqs = limits.max_seqs,
+                                                  .max_model_len = limits.max_model_len});
 }
 // ===============================================================================================
 
@@ -68,15 +73,9 @@ DeviceChoice resolve_device(const DeviceChoice& choice) {
   if (choice.device == Device::Cpu) return choice;
   if (!kHaveCudaRunner) {
     if (choice.device == Device::Auto) return {Device::Cpu, 0};
-#ifdef SPILL_HAVE_CUDA
-    fail("--device {}: this build has no CUDA runner yet (its kernels are built, the model runner is not); use "
-         "--device cpu",
-         device_name(choice));
-#else
     fail("--device {}: this build has no CUDA runner (spill was built without CUDA: -DSPILL_CUDA=OFF or no nvcc at "
          "configure time); use --device cpu, or rebuild with the CUDA toolkit",
          device_name(choice));
-#endif
   }
   std::string why;
   const std::vector<GpuInfo> gpus = list_gpus(&why);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "sampling/sampling_math.h"
 
 namespace spill {
 
@@ -118,7 +119,7 @@ void SequenceSampler::apply_penalties(std::span<float> scores) const {
     for (int32_t t : output_tokens_) {
       if (!in_vocab(t)) continue;
       const int32_t count = output_counts_.at(t);
-      scores[size_t(t)] -= params_.presence_penalty + params_.frequency_penalty * float(count);
+      scores[size_t(t)] -= sampling_count_penalty(params_.presence_penalty, params_.frequency_penalty, count);
     }
   }
 }
@@ -136,7 +137,59 @@ int32_t SequenceSampler::pick_greedy(std::span<const float> scores) const {
   return best;  // -1: every score is -inf or NaN
 }
 
+namespace {
+
+// The least likely candidate with mass whose mass before it (over the more likely candidates, in
+// key order) is <= threshold; -1 when no candidate has mass. Found digit by digit (8 bits of the
+// 64-bit key a pass), summing exact integer masses, as the CUDA sampler does with a block-wide
+// histogram: the same function of the masses, whatever the order of the candidates.
+int32_t select_by_mass(std::span<const uint64_t> keys, std::span<const uint64_t> mass, uint64_t threshold) {
+  if (keys.size() <= 32) {
+    // Few candidates (after top-k, or a tiny vocabulary): walk them in key order directly; the
+    // integer sums make this the same function as the digit search below.
+    uint64_t order[32];
+    size_t n = 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (mass[i] > 0) order[n++] = i;
+    std::sort(order, order + n, [&](uint64_t a, uint64_t b) { return keys[a] > keys[b]; });
+    int32_t picked = -1;
+    uint64_t before = 0;
+    for (size_t j = 0; j < n && before <= threshold; ++j) {
+      picked = sampling_key_token(keys[order[j]]);
+      before += mass[order[j]];
+    }
+    return picked;
+  }
+  uint64_t prefix = 0, prefix_mask = 0, before = 0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    uint64_t hist[256] = {};
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (mass[i] > 0 && (keys[i] & prefix_mask) == prefix) hist[(keys[i] >> shift) & 255] += mass[i];
+    int chosen = -1;
+    uint64_t running = before, chosen_before = 0;
+    for (int b = 255; b >= 0; --b) {
+      if (hist[b] == 0) continue;
+      if (running <= threshold) {
+        chosen = b;
+        chosen_before = running;
+      }
+      running += hist[b];
+    }
+    if (chosen < 0) return -1;
+    before = chosen_before;
+    prefix |= uint64_t(chosen) << shift;
+    prefix_mask |= uint64_t(255) << shift;
+  }
+  return sampling_key_token(prefix);
+}
+
+}  // namespace
+
 int32_t SequenceSampler::pick_random(std::span<float> scores, SamplerWorkspace& ws) {
+  // A row's integer masses (2^45 for the top token) must sum below 2^63.
+  if (scores.size() > kMaxSampledVocab)
+    fail("sampler: a vocabulary of {} logits is more than the {} the sampler's integer masses hold", scores.size(),
+         kMaxSampledVocab);
   const float inv_t = 1.0f / params_.temperature;
   std::vector<int32_t>& cand = ws.candidates;
   cand.clear();
@@ -149,58 +202,47 @@ int32_t SequenceSampler::pick_random(std::span<float> scores, SamplerWorkspace& 
   if (cand.empty()) return -1;
   const MoreLikely more_likely{scores};
 
-  const bool use_top_k = params_.top_k > 0 && size_t(params_.top_k) < cand.size();
-  const bool use_top_p = params_.top_p < 1.0f;
-  if (use_top_k) {
+  // top-k: the k best under MoreLikely, which is the order of sampling_key.
+  if (params_.top_k > 0 && size_t(params_.top_k) < cand.size()) {
     std::nth_element(cand.begin(), cand.begin() + params_.top_k, cand.end(), more_likely);
     cand.resize(static_cast<size_t>(params_.top_k));
   }
-  // Candidates are in id order unless sorted here; either order is deterministic.
-  if (use_top_p || use_top_k) std::sort(cand.begin(), cand.end(), more_likely);
 
   float max_score = -std::numeric_limits<float>::infinity();
   for (int32_t t : cand) max_score = std::max(max_score, scores[size_t(t)]);
-  std::vector<double>& w = ws.weights;
-  w.resize(cand.size());
-  double total = 0.0;
+  std::vector<uint64_t>& keys = ws.keys;
+  std::vector<uint64_t>& mass = ws.mass;
+  keys.resize(cand.size());
+  mass.resize(cand.size());
+  uint64_t total = 0;
   for (size_t i = 0; i < cand.size(); ++i) {
     const float s = scores[size_t(cand[i])];
-    // +inf logits (a model bug, or a forcing bias) share all the mass.
-    w[i] = std::isinf(max_score) ? (s == max_score ? 1.0 : 0.0) : std::exp(double(s) - double(max_score));
-    total += w[i];
+    keys[i] = sampling_key(s, cand[i]);
+    mass[i] = sampling_mass(sampling_weight(s, max_score));
+    total += mass[i];
   }
 
-  if (use_top_p) {
-    // Keep tokens while the mass before them is below top_p: the smallest prefix whose mass
-    // reaches top_p (HF removes the tail whose cumulative mass is <= 1 - top_p; same set).
-    const double limit = double(params_.top_p) * total;
-    double before = 0.0;
-    size_t keep = 0;
-    while (keep < cand.size() && (keep == 0 || before < limit)) before += w[keep++];
-    cand.resize(keep);
-    w.resize(keep);
-    total = before;
+  if (params_.top_p < 1.0f) {
+    // Keep tokens while the mass before them is below top_p: the smallest prefix (in MoreLikely
+    // order) whose mass reaches top_p (HF removes the tail whose cumulative mass is <= 1 - top_p).
+    const int32_t last = select_by_mass(keys, mass, sampling_top_p_limit(params_.top_p, total) - 1);
+    const uint64_t last_key = keys[size_t(std::find(cand.begin(), cand.end(), last) - cand.begin())];
+    total = 0;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      if (keys[i] < last_key) mass[i] = 0;
+      total += mass[i];
+    }
   }
   if (params_.min_p > 0.0f) {
     // p / p_max = w / w_max, and w_max = 1 (the top token is always a candidate).
     const double floor = double(params_.min_p);
-    total = 0.0;
+    total = 0;
     for (size_t i = 0; i < cand.size(); ++i) {
-      if (w[i] < floor) w[i] = 0.0;
-      total += w[i];
+      if (mass[i] > 0 && sampling_weight(scores[size_t(cand[i])], max_score) < floor) mass[i] = 0;
+      total += mass[i];
     }
   }
-
-  const double target = philox_uniform01(seed_, n_sampled_) * total;
-  double cumulative = 0.0;
-  int32_t last_with_mass = cand.front();
-  for (size_t i = 0; i < cand.size(); ++i) {
-    if (w[i] <= 0.0) continue;
-    cumulative += w[i];
-    last_with_mass = cand[i];
-    if (cumulative > target) return cand[i];
-  }
-  return last_with_mass;  // rounding left target at the very end of the mass
+  return select_by_mass(keys, mass, sampling_target(seed_, n_sampled_, total));
 }
 
 SampledToken SequenceSampler::sample(std::span<const float> logits, SamplerWorkspace& ws) {

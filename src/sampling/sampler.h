@@ -19,7 +19,8 @@
 // token was picked.
 //
 // Reproducibility: the draw for a sequence's n-th sampled token is Philox4x32-10 of (counter n,
-// key seed) (core/philox.h), a pure function of the request's seed and the token's index. A seeded
+// key seed) (core/philox.h), a pure function of the request's seed and the token's index. The draw
+// picks from integer masses in key order (sampling_math.h), so the GPU's parallel sums are exact. A seeded
 // request produces the same tokens whatever else runs in the batch (given the same logits), and a
 // sampler on the GPU computes the same draws, so this one stays its exact reference.
 #pragma once
@@ -67,7 +68,8 @@ struct SampledToken {
 struct SamplerWorkspace {
   std::vector<float> scores;
   std::vector<int32_t> candidates;
-  std::vector<double> weights;
+  std::vector<uint64_t> keys;  // sampling_key of each candidate
+  std::vector<uint64_t> mass;  // sampling_mass of each candidate
 };
 
 // The sampling state of one sequence: its parameters, its random stream and the token history

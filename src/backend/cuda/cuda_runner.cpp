@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemv.h"
@@ -123,6 +125,8 @@ class CudaRunner final : public ModelRunner {
   }
   const ModelSpec& spec() const override { return spec_; }
   const KvCacheConfig& kv_config() const override { return config_.kv; }
+  const RunnerLimits& limits() const override { return limits_; }
+  std::string describe() const override;
   void forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) override;
 
   // Points layer `layer`'s expert table at the given matrices (device-visible addresses: VRAM or
@@ -156,6 +160,7 @@ class CudaRunner final : public ModelRunner {
   CudaRunnerConfig config_;
   cudaStream_t stream_ = nullptr;
   int64_t max_model_len_ = 0;
+  RunnerLimits limits_;
 
   // Weights.
   DeviceAlloc weights_;
@@ -315,6 +320,22 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
     fail("CUDA runner: the longest sequence ({} positions) must be positive and fit 32 bits; set max_model_len",
          max_model_len_);
 
+  // What the decoder family's kernels here do not compute yet (the CPU runner does): refused by name
+  // rather than run wrong.
+  const auto unsupported = [&](bool has, const char* what) {
+    if (has) fail("CUDA runner: {} ({}) is not supported on the GPU yet; use --device cpu", what, spec_.model_type);
+  };
+  unsupported(spec_.attention != AttentionKind::Gqa, "multi-head latent attention");
+  unsupported(spec_.attention_sinks, "attention sinks");
+  unsupported(spec_.sliding_window > 0, "sliding-window attention");
+  unsupported(spec_.attention_out_bias, "an output-projection bias");
+  unsupported(spec_.router.kind != RouterKind::SoftmaxTopK, "this router (sigmoid / top-k-then-softmax)");
+  unsupported(spec_.n_shared_experts > 0, "shared experts");
+  unsupported(spec_.expert_activation != MlpActivation::SwiGLU, "the clamped SwiGLU");
+  unsupported(spec_.expert_bias, "expert biases");
+  unsupported(spec_.rope_interleaved || spec_.rope_dims() != spec_.head_dim, "interleaved or partial rotary");
+  unsupported(spec_.attention_scale != 0.0, "a configured softmax scale");
+
   int n_devices = 0;
   check(cudaGetDeviceCount(&n_devices), "CUDA runner: counting devices");
   if (config.device < 0 || config.device >= n_devices)
@@ -346,6 +367,9 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   kv_layer_elems_ = capacity * spec_.kv_dim();
   kv_bytes_ = config_.kv.n_blocks * block_bytes;
   kv_.allocate(size_t(kv_bytes_), "the KV cache");
+  config_.kv.format = config.kv_dtype == DType::F32 ? KvFormat::F32 : KvFormat::BF16;
+  config_.kv.bytes_per_block = block_bytes;
+  limits_ = {.max_seqs = config.max_seqs, .max_batch_tokens = config.max_batch_tokens, .max_model_len = max_model_len_};
   check(cudaStreamSynchronize(stream_), "CUDA runner: preparing the workspace");
 }
 
@@ -970,6 +994,14 @@ CudaRunnerStats cuda_runner_stats(const ModelRunner& runner) {
   const auto* r = dynamic_cast<const CudaRunner*>(&runner);
   if (!r) fail("cuda_runner_stats: this runner is not a CUDA runner");
   return r->stats();
+}
+
+std::string CudaRunner::describe() const {
+  cudaDeviceProp prop{};
+  const std::string name = cudaGetDeviceProperties(&prop, config_.device) == cudaSuccess ? prop.name : "?";
+  return fmt::format("cuda:{} ({}; weights {:.2f} GiB, KV {} blocks of {} in {} = {:.2f} GiB, workspace {:.2f} GiB)",
+                     config_.device, name, weight_bytes_ / 1073741824.0, config_.kv.n_blocks, config_.kv.block_size,
+                     kv_format_name(config_.kv.format), kv_bytes_ / 1073741824.0, workspace_bytes_ / 1073741824.0);
 }
 
 std::unique_ptr<ModelRunner> make_cuda_runner(const Model& model, const CudaRunnerConfig& config) {
