@@ -3,6 +3,7 @@
 // table of VRAM experts the test uploads itself (the same kernels reading the same bytes), and
 // the host memory the process holds afterwards is what the plan says (measured in /proc).
 #if SPILL_HAVE_CUDA
+#include <cstdlib>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -20,6 +21,15 @@
 #include "cuda_test_util.h"
 #include "offload/expert_store.h"
 #include "offload_test_util.h"
+
+// Registering a page range inside a larger read-only file mapping (cudaHostRegister Mapped |
+// ReadOnly) did not return on the H200 with driver 580.159 (docs/offload.md), so in-place reads are
+// off by default and their tests run only when asked.
+#define SPILL_SKIP_UNLESS_IN_PLACE_ASKED()                                                              \
+  do {                                                                                                 \
+    if (!std::getenv("SPILL_TEST_IN_PLACE"))                                                           \
+      GTEST_SKIP() << "in-place GGUF registration hung on driver 580 (docs/offload.md); set SPILL_TEST_IN_PLACE=1 to run"; \
+  } while (0)
 
 namespace spill {
 namespace {
@@ -198,6 +208,7 @@ TEST_P(CudaOffloadShare, InPlaceFileExpertsAndPinnedCopiesAreBitIdenticalToVram)
     expect_store_matches(ex, *store, "GGUF experts copied to pinned memory");
   }
   {
+    SPILL_SKIP_UNLESS_IN_PLACE_ASKED();
     const auto store = ExpertStore::build(from_file, plan, {.in_place = true});
     if (!store->report().read_only_registration) GTEST_SKIP() << "this GPU cannot register read-only host memory";
     EXPECT_EQ(count_home(*store, shape, Home::HostInPlace), host);
@@ -210,6 +221,7 @@ INSTANTIATE_TEST_SUITE_P(HostShares, CudaOffloadShare, ::testing::Values(0.0, 0.
 
 TEST(CudaOffload, HostPointersOfTheTableAreTheFilePagesThemselves) {
   SPILL_SKIP_WITHOUT_GPU();
+  SPILL_SKIP_UNLESS_IN_PLACE_ASKED();
   const test::ExpertShape shape;
   const test::ExpertBytes ex(shape);
   test::TempFile file("experts-ptr.gguf");
@@ -257,6 +269,7 @@ TEST(CudaOffload, HostMemoryInUseIsThePlansWithinAFewPercent) {
   }
   {
     test::TempFile file("experts-mem.gguf");
+    SPILL_SKIP_UNLESS_IN_PLACE_ASKED();
     ex.write_gguf(file.path);
     const auto gguf = gguf::GgufFile::open(file.path);
     const auto store = ExpertStore::build(test::gguf_sources(*gguf, shape), plan, {.in_place = true});

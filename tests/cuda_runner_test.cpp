@@ -97,6 +97,7 @@ struct Steps {
       c.start_pos = p.start_pos;
       c.block_table = tables[size_t(p.seq)];
       c.want_logits = p.want_logits;
+      c.slot = int32_t(p.seq);  // one slot per sequence, as the scheduler gives them
       b.tokens.insert(b.tokens.end(), p.tokens.begin(), p.tokens.end());
       b.seqs.push_back(c);
     }
