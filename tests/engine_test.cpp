@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
@@ -243,7 +245,21 @@ TEST_F(EngineTest, SaltedRequestsDoNotShareCachedBlocks) {
 // get one token in every one of those steps.
 TEST_F(EngineTest, ChunkedPrefillKeepsOtherSequencesDecodingEveryStep) {
   TraceLog log;
-  auto engine = make_engine(128, {.scheduler = {.max_running = 8, .max_batch_tokens = 16}, .on_step = log.hook()});
+  // The engine thread waits after the first step in which all three decode, until the long prompt
+  // is queued: otherwise the decoders can finish before it arrives and there is nothing to observe.
+  std::mutex gate_mutex;
+  std::condition_variable gate_cv;
+  bool gate_open = false;
+  auto record = log.hook();
+  auto hook = [&](const StepTrace& t) {
+    record(t);
+    int decodes = 0;
+    for (const StepTraceChunk& c : t.chunks) decodes += c.decode ? 1 : 0;
+    if (decodes < 3) return;
+    std::unique_lock lock(gate_mutex);
+    gate_cv.wait_for(lock, std::chrono::seconds(30), [&] { return gate_open; });
+  };
+  auto engine = make_engine(128, {.scheduler = {.max_running = 8, .max_batch_tokens = 16}, .on_step = hook});
   std::vector<RequestStream> decoders;
   std::vector<std::vector<int32_t>> decoder_prompts;
   for (int i = 0; i < 3; ++i) {
@@ -254,6 +270,11 @@ TEST_F(EngineTest, ChunkedPrefillKeepsOtherSequencesDecodingEveryStep) {
   for (int i = 0; i < 3; ++i) dec_out[size_t(i)].append(decoders[size_t(i)].next());  // all are decoding now
   const auto long_prompt = random_prompt(100, 300);
   RequestStream long_stream = engine->submit(greedy_request(long_prompt, 3));
+  {
+    std::lock_guard lock(gate_mutex);
+    gate_open = true;
+  }
+  gate_cv.notify_all();
   RequestOutput long_out = long_stream.collect();
   for (int i = 0; i < 3; ++i) dec_out[size_t(i)].append(decoders[size_t(i)].collect());
 

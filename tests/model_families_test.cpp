@@ -276,7 +276,7 @@ TEST_P(FamilyForward, DecodeThroughTheCacheEqualsPrefill) {
     if (pos < c.size()) {
       b.tokens.push_back(c[pos]);
       b.seqs.push_back({.first_token = 1, .n_tokens = 1, .start_pos = int32_t(pos), .block_table = table_c,
-                        .want_logits = true});
+                        .want_logits = true, .slot = 1});
     }
     std::vector<float> logits;
     runner->forward(b, logits);
