@@ -120,7 +120,10 @@ TEST(OffloadPlan, RefusesBrokenPlansNamingTheField) {
       {"layers[3].gpu", [](json& j) { j["layers"][3]["gpu"] = 1; }},
       {"layers[3].moe", [](json& j) { j["layers"][3]["moe"] = 1; }},
       {"layers[3].experts", [](json& j) { j["layers"][3]["experts"] = 64; }},
-      {"layers[3].expert_bytes", [](json& j) { j["layers"][3]["expert_bytes"] = 1000; }},
+      // Layers may differ in size, but none may exceed routed_expert_bytes, which must be the largest.
+      {"layers[3].expert_bytes", [](json& j) { j["layers"][3]["expert_bytes"] = j["routed_expert_bytes"].get<int64_t>() + 1; }},
+      {"routed_expert_bytes", [](json& j) { j["routed_expert_bytes"] = j["routed_expert_bytes"].get<int64_t>() + 1; }},
+      {"host.bytes", [](json& j) { j["layers"][5]["expert_bytes"] = j["layers"][5]["expert_bytes"].get<int64_t>() - 1; }},
       {"layers[5].host[1]", [&](json& j) { j["layers"][5]["host"][1] = host5[0]; }},            // repeated
       {"layers[5].host[1]", [&](json& j) { std::swap(j["layers"][5]["host"][0], j["layers"][5]["host"][1]); }},  // order
       {"layers[5].host[0]", [](json& j) { j["layers"][5]["host"][0] = 128; }},                  // out of range

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -110,6 +111,36 @@ TEST(PlacementCli, ProfileCountsEveryRoutedToken) {
     EXPECT_EQ(std::accumulate(pre.begin(), pre.end(), int64_t(0)), 10 * p["top_k"].get<int64_t>());
     EXPECT_EQ(std::accumulate(dec.begin(), dec.end(), int64_t(0)), 4 * p["top_k"].get<int64_t>());
   }
+}
+
+// A GGUF is planned as the file stores it: llama.cpp's Q4_K_M gives some layers larger experts
+// (Q6_K down projections), the report says so, the plan lists each layer's own size, and --quant,
+// which cannot apply to a file's fixed types, is refused.
+TEST(PlacementCli, PlanOfAGgufPricesTheFilesOwnMixByLayer) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  const fs::path gguf = temp("spill_plan_q4km_").replace_extension(".gguf"), out = temp("spill_plan_gguf_");
+  auto [qs, qt] = run(spill_bin() + " quantize --quant q4_k_m --threads 2 --out " + gguf.string());
+  ASSERT_EQ(qs, 0) << qt;
+  auto [status, report] = run(spill_bin() + " plan --model " + gguf.string() + " --gpu-mem 10M --max-model-len 1024 --max-seqs 1 --max-batch-tokens 256 --out " + out.string());
+  auto [refused, why] = run(spill_bin() + " plan --model " + gguf.string() + " --gpu-mem 10M --quant q8_0");
+  fs::remove(gguf);
+  ASSERT_EQ(status, 0) << report;
+  EXPECT_NE(report.find("types: as the file stores them"), std::string::npos) << report;
+  EXPECT_NE(report.find("bytes by layer"), std::string::npos) << report;
+  EXPECT_NE(refused, 0) << why;
+  EXPECT_NE(why.find("a GGUF file's types are its own"), std::string::npos) << why;
+  std::ifstream in(out);
+  const nlohmann::json plan = nlohmann::json::parse(in);
+  fs::remove(out);
+  std::set<int64_t> sizes;
+  int64_t largest = 0;
+  for (const auto& l : plan["layers"]) {
+    sizes.insert(l["expert_bytes"].get<int64_t>());
+    largest = std::max(largest, l["expert_bytes"].get<int64_t>());
+  }
+  EXPECT_EQ(sizes.size(), 2u);
+  EXPECT_EQ(plan["routed_expert_bytes"].get<int64_t>(), largest);
+  EXPECT_GT(plan["host"]["experts"].get<int64_t>(), 0) << "10 MiB cannot hold spill-tiny's experts with the rest";
 }
 
 }  // namespace

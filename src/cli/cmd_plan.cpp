@@ -13,7 +13,9 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/json_limits.h"
+#include "model/model.h"
 #include "placement/fit_report.h"
+#include "placement/measured_bytes.h"
 #include "placement/planner.h"
 
 namespace spill::cli {
@@ -97,11 +99,21 @@ void run_plan(const PlanArgs& a) {
     req.shape = load_model_shape(a.synthetic);
   } else {
     model_dir = a.model.empty() ? default_model_dir() : a.model;
-    if (std::filesystem::path(model_dir).extension() == ".gguf")
-      fail("--model {}: planning from a GGUF file is not supported yet; give the model's config.json with --synthetic", model_dir);
-    req.shape = load_model_shape(model_dir);
+    if (std::filesystem::path(model_dir).extension() == ".gguf") {
+      // A GGUF's types are the file's (often per layer): priced from its tensors as they load,
+      // which maps the file and reads no weight bytes.
+      if (!a.quant.empty())
+        fail("--quant {}: a GGUF file's types are its own; plan it as it is, or requantize it first (spill quantize)", a.quant);
+      const std::unique_ptr<Model> model = Model::load(model_dir);
+      req.shape = shape_of(*model);
+      req.measured = measure_weights(*model);
+      req.types = dominant_types(*model);
+      model_dir.clear();  // no routing_profile.json beside a file: give --profile
+    } else {
+      req.shape = load_model_shape(model_dir);
+    }
   }
-  req.types = parse_tensor_class_types(a.quant);
+  if (!req.measured) req.types = parse_tensor_class_types(a.quant);
   req.kv_format = parse_kv_format(a.kv_format);
   if (a.gpu_mem.empty()) fail("--gpu-mem is required: the usable memory of each GPU, e.g. --gpu-mem 95.6G,95.6G");
   for (size_t start = 0; start <= a.gpu_mem.size();) {
@@ -158,7 +170,9 @@ void add_plan_command(CLI::App& app) {
                                  "Plan which routed experts live in VRAM and which in host RAM; print whether the model "
                                  "fits and how fast it can decode (docs/placement.md)");
   auto a = std::make_shared<PlanArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model folder (default: the bundled spill-tiny)");
+  cmd->add_option("--model", a->model,
+                  "Hugging Face model folder, or a GGUF file (priced as its tensors are stored; default: the bundled "
+                  "spill-tiny)");
   cmd->add_option("--synthetic", a->synthetic, "plan for a config.json alone (a shape such as docs/shapes/seed.json)");
   cmd->add_option("--quant", a->quant,
                   "types by tensor class: a preset (bf16, q8_0, q6_k, q4_k_m, q3_k_m, q2_k) and/or CLASS=TYPE items, "

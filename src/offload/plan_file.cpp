@@ -148,6 +148,7 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
     r.bad("layers", fmt::format("lists {} layers, model.n_layers says {}", layers.size(), p.n_layers));
   p.layers.resize(size_t(p.n_layers));
   bool any_moe = false;
+  int64_t max_layer_expert_bytes = 0;
   for (int64_t l = 0; l < p.n_layers; ++l) {
     const std::string path = fmt::format("layers[{}]", l);
     const json& j = layers[size_t(l)];
@@ -170,8 +171,11 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
     if (pl.experts != p.n_experts)
       r.bad(path + ".experts", fmt::format("is {}, model.n_experts says {}", pl.experts, p.n_experts));
     pl.expert_bytes = r.integer(j, path, "expert_bytes", 1, kMaxBytes);
-    if (pl.expert_bytes != p.routed_expert_bytes)
-      r.bad(path + ".expert_bytes", fmt::format("is {}, routed_expert_bytes says {}", pl.expert_bytes, p.routed_expert_bytes));
+    // Layers may differ (a GGUF mix gives some layers larger down projections); routed_expert_bytes is the largest.
+    if (pl.expert_bytes > p.routed_expert_bytes)
+      r.bad(path + ".expert_bytes", fmt::format("is {}, more than routed_expert_bytes ({}), the largest expert of any layer",
+                                                pl.expert_bytes, p.routed_expert_bytes));
+    max_layer_expert_bytes = std::max(max_layer_expert_bytes, pl.expert_bytes);
     const json& list = r.array(j, path, "host");
     if (int64_t(list.size()) > pl.experts)
       r.bad(path + ".host", fmt::format("lists {} experts, the layer has {}", list.size(), pl.experts));
@@ -185,6 +189,9 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
     }
   }
   if (any_moe && p.moe_intermediate_size == 0) r.bad("model.moe_intermediate_size", "must be positive for a MoE model");
+  if (any_moe && max_layer_expert_bytes != p.routed_expert_bytes)
+    r.bad("routed_expert_bytes", fmt::format("is {}, but the largest expert of any layer takes {}", p.routed_expert_bytes,
+                                             max_layer_expert_bytes));
 
   if (p.host_expert_count() != p.host_experts)
     r.bad("host.experts", fmt::format("is {}, but the layers' host lists hold {}", p.host_experts, p.host_expert_count()));

@@ -27,7 +27,7 @@ struct PlacementPlan {
   std::string where;  // the file (or "plan" for text), for messages
   int64_t n_layers = 0, n_experts = 0, top_k = 0, hidden_size = 0, moe_intermediate_size = 0;
   DType expert_type = DType::Q4_K;  // types.experts
-  int64_t routed_expert_bytes = 0;
+  int64_t routed_expert_bytes = 0;  // the largest layer's expert (layers may differ: PlannedLayer::expert_bytes)
   int64_t host_experts = 0, host_bytes = 0;  // the plan's totals (experts, plus the embedding when on host)
   bool embedding_on_host = false;
   int n_gpus = 0;

@@ -53,9 +53,20 @@ std::string format_fit_report(const PlanOutcome& o) {
   out += fmt::format("model: {} ({}, {} layers, {} routed experts top-{}, {} shared, hidden {}, expert width {})\n",
                      r.shape.source, s.model_type, s.n_layers, s.n_experts, s.n_experts_per_token, r.shape.shared.count,
                      s.hidden_size, s.moe_intermediate_size);
-  out += fmt::format("types: {}\n", format_tensor_class_types(r.types));
+  if (r.measured) out += fmt::format("types: as the file stores them (most bytes of each class: {})\n", format_tensor_class_types(r.types));
+  else out += fmt::format("types: {}\n", format_tensor_class_types(r.types));
   for (const std::string& n : mb.notes) out += fmt::format("  note: {}\n", n);
-  if (mb.routed_expert_bytes > 0)
+  int64_t eb_min = mb.routed_expert_bytes;
+  for (const LayerBytes& lb : mb.layers)
+    if (lb.n_routed_experts > 0) eb_min = std::min(eb_min, lb.routed_expert_bytes);
+  if (eb_min != mb.routed_expert_bytes)
+    out += fmt::format("routed expert: {} to {} bytes by layer ({} to {}; {} weights, {:.4f} to {:.4f} bits per weight "
+                       "with block scales); all routed experts {}\n",
+                       eb_min, mb.routed_expert_bytes, format_bytes(eb_min), format_bytes(mb.routed_expert_bytes),
+                       mb.routed_expert_weights, 8.0 * double(eb_min) / double(mb.routed_expert_weights),
+                       8.0 * double(mb.routed_expert_bytes) / double(mb.routed_expert_weights),
+                       format_bytes(mb.total[TensorClass::RoutedExperts]));
+  else if (mb.routed_expert_bytes > 0)
     out += fmt::format("routed expert: {} bytes ({}; {} weights, {:.4f} bits per weight with block scales); all routed "
                        "experts {}\n",
                        mb.routed_expert_bytes, format_bytes(mb.routed_expert_bytes), mb.routed_expert_weights,

@@ -18,7 +18,9 @@ int64_t Plan::host_experts() const {
 }
 
 int64_t Plan::host_bytes() const {
-  return host_experts() * bytes.routed_expert_bytes + (embedding_on_host ? bytes.embedding : 0);
+  int64_t b = embedding_on_host ? bytes.embedding : 0;
+  for (const LayerPlan& l : layers) b += int64_t(l.host_experts.size()) * bytes.layers[size_t(l.layer)].routed_expert_bytes;
+  return b;
 }
 
 int64_t Plan::routed_experts() const {
@@ -140,10 +142,20 @@ PlanOutcome make_plan(PlanRequest req) {
 
   PlanOutcome out;
   Plan& plan = out.plan;
-  plan.bytes = account_weights(req.shape, req.types);
+  plan.bytes = req.measured ? *req.measured : account_weights(req.shape, req.types);
   const ModelBytes& mb = plan.bytes;
   const size_t L = size_t(s.n_layers), G = req.gpu_mem.size();
-  const int64_t E = s.n_experts, eb = mb.routed_expert_bytes;
+  if (mb.layers.size() != L) fail("{}: the measured weights cover {} layers of {}", req.shape.source, mb.layers.size(), L);
+  const int64_t E = s.n_experts;
+  // The smallest and largest routed expert over the MoE layers (equal unless a file mixes types per layer).
+  int64_t eb_min = 0, eb_max = 0;
+  for (const LayerBytes& lb : mb.layers)
+    if (lb.n_routed_experts > 0) {
+      eb_min = eb_min ? std::min(eb_min, lb.routed_expert_bytes) : lb.routed_expert_bytes;
+      eb_max = std::max(eb_max, lb.routed_expert_bytes);
+    }
+  const std::string each = eb_min == eb_max ? format_bytes(eb_max)
+                                            : fmt::format("{} to {} by layer", format_bytes(eb_min), format_bytes(eb_max));
 
   plan.max_model_len = req.max_model_len;
   plan.max_seqs = req.max_seqs;
@@ -290,7 +302,7 @@ PlanOutcome make_plan(PlanRequest req) {
                                   gib_str(plan.kv_tokens * kv_bytes_per_token(s, KvFormat::Fp8E4m3)), gib_str(kv_total)));
     if (req.max_batch_tokens > 512) fixes.push_back(fmt::format("--max-batch-tokens 512 (workspace {} per GPU)",
         gib_str(workspace_bytes(req.shape, {.max_batch_tokens = 512, .max_logit_rows = std::max<int64_t>(1, req.max_seqs)}))));
-    if (dtype_bits_per_weight(req.types[TensorClass::Attention]) > 8.5)
+    if (!req.measured && dtype_bits_per_weight(req.types[TensorClass::Attention]) > 8.5)
       fixes.push_back("a smaller attention type (--quant attention=q8_0 halves bf16 attention)");
     if (!req.allow_offload) {
       // Smaller routed experts: what the fullest GPU would need with each smaller k-quant.
@@ -298,6 +310,7 @@ PlanOutcome make_plan(PlanRequest req) {
         if (dtype_bits_per_weight(smaller) >= dtype_bits_per_weight(req.types[TensorClass::RoutedExperts])) continue;
         PlanRequest r2 = req;
         r2.types[TensorClass::RoutedExperts] = smaller;
+        r2.measured.reset();  // a file's mix: priced as its dominant types with the experts requantized
         r2.profile.reset();
         r2.allow_offload = true;  // only its no-offload figures are wanted; no nested suggestions
         const PlanOutcome o2 = make_plan(r2);
@@ -331,6 +344,9 @@ PlanOutcome make_plan(PlanRequest req) {
         if (experts_in[size_t(l)] > 0) mine.push_back(l);
       l0 += counts[g];
       const int64_t over = -all_vram[g].room();
+      // Counted in this GPU's smallest experts, so that whichever layers give them up, enough bytes leave.
+      int64_t eb = 0;
+      for (int64_t l : mine) eb = eb ? std::min(eb, mb.layers[size_t(l)].routed_expert_bytes) : mb.layers[size_t(l)].routed_expert_bytes;
       if (over <= 0 || eb == 0) continue;
       const int64_t need = (over + eb - 1) / eb;
       const std::vector<int64_t> q = spread(need, mine, experts_in, order, plan.usage);
@@ -357,11 +373,11 @@ PlanOutcome make_plan(PlanRequest req) {
     const int64_t over = plan.host_bytes() - req.host_mem;
     const int64_t q2_eb = 2 * matrix_bytes(DType::Q2_K, s.moe_intermediate_size, s.hidden_size) +
                           matrix_bytes(DType::Q2_K, s.hidden_size, s.moe_intermediate_size);
-    const std::string smaller = q2_eb < eb ? fmt::format(", or smaller experts (--quant experts=q2_k: {} each)", format_bytes(q2_eb)) : "";
+    const std::string smaller = q2_eb < eb_min && !req.measured ? fmt::format(", or smaller experts (--quant experts=q2_k: {} each)", format_bytes(q2_eb)) : "";
     return refuse(fmt::format(
         "host RAM: {} routed experts ({} each){} need {} but --host-mem allows {}: over by {}. Give more host RAM "
         "(--host-mem {}), more GPU memory{}",
-        plan.host_experts(), format_bytes(eb), plan.embedding_on_host ? fmt::format(" and the embedding ({})", gib_str(mb.embedding)) : "",
+        plan.host_experts(), each, plan.embedding_on_host ? fmt::format(" and the embedding ({})", gib_str(mb.embedding)) : "",
         gib_str(plan.host_bytes()), gib_str(req.host_mem), gib_str(over), gib_str(plan.host_bytes()), smaller));
   }
   out.fits = true;

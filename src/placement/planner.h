@@ -33,6 +33,9 @@ enum class EmbeddingHome { Auto, Gpu, Host };  // Auto: host RAM when anything m
 struct PlanRequest {
   ModelShape shape{};
   TensorClassTypes types{};
+  // The weights as a loaded file stores them (measure_weights: a GGUF's own, often per-layer, mix);
+  // none: account_weights(shape, types) predicts them. With it, `types` only labels the report.
+  std::optional<ModelBytes> measured{};
   KvFormat kv_format = KvFormat::BF16;
   std::vector<int64_t> gpu_mem{};  // usable bytes of each GPU
   int64_t gpu_reserve = 0;       // subtracted from every GPU (CUDA context, allocator slack)
