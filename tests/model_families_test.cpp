@@ -18,6 +18,7 @@
 #include "model/runner.h"
 #include "model/synthetic_source.h"
 #include "placement/memory.h"
+#include "placement/planner.h"
 
 namespace spill {
 namespace {
@@ -175,6 +176,32 @@ TEST(FamilyMemory, MlaKvBytesAreTheLatent) {
   EXPECT_EQ(cpu_kv_bytes_per_block(s, 16), 61 * 16 * 576 * 4);
   const ModelSpec g = shape_of("gpt-oss-120b.json").spec;
   EXPECT_EQ(placement::kv_bytes_per_token_per_layer(g, placement::KvFormat::BF16), 2 * 8 * 64 * 2);
+}
+
+// gpt-oss-120b's KV: 18 full layers keep every position, its 18 sliding layers (window 128) only
+// what their window and paging need (ceil(127 / 16) + 1 = 9 blocks of 16 at any context length).
+// Figures from the published shape: 8 KV heads x 64 dims, K and V, 2 bytes in bf16.
+TEST(FamilyMemory, GptOssSlidingLayersKeepOnlyTheirWindow) {
+  const ModelSpec g = shape_of("gpt-oss-120b.json").spec;
+  const int64_t per_layer = 2 * 8 * 64 * 2, ctx = 131072;
+  EXPECT_EQ(kv_bytes_for_sequence(g, KvFormat::BF16, ctx, 16), 18 * ctx * per_layer + 18 * 9 * 16 * per_layer);
+  EXPECT_EQ(kv_bytes_for_sequence(g, KvFormat::BF16, 100, 16), 36 * 112 * per_layer);  // 7 blocks, inside the window
+  EXPECT_EQ(kv_bytes_per_token(g, KvFormat::BF16), 36 * per_layer) << "every layer, as an unpaged cache would";
+  const KvGroups groups = kv_groups(g);
+  ASSERT_EQ(groups.size(), 2);
+  EXPECT_EQ(groups.layers_per_block(), 18);
+  EXPECT_EQ(cpu_kv_bytes_per_block(g, 16), 18 * 16 * (2 * 8 * 64 * 4)) << "a block is one group's 18 layers deep";
+  EXPECT_EQ(kv_blocks_for_sequence(groups.windows(), ctx, 16), ctx / 16 + 9);
+  // The placement planner: max_seqs windows for the sliding layers, max_seqs contexts for the full ones.
+  placement::PlanRequest r{.shape = shape_of("gpt-oss-120b.json"), .max_model_len = ctx, .max_seqs = 4};
+  r.gpu_mem = {int64_t(1) << 50};
+  const placement::PlanOutcome out = placement::make_plan(r);
+  ASSERT_TRUE(out.fits) << out.refusal;
+  EXPECT_EQ(out.plan.kv_tokens, 4 * ctx);
+  EXPECT_EQ(out.plan.kv_bytes_per_token, 18 * per_layer);
+  EXPECT_EQ(out.plan.kv_sliding_tokens, 4 * 9 * 16);
+  EXPECT_EQ(out.plan.kv_sliding_bytes_per_token, 18 * per_layer);
+  EXPECT_EQ(out.plan.kv_bytes(), 4 * kv_bytes_for_sequence(g, KvFormat::BF16, ctx, 16));
 }
 
 // Parameter counts against the published ones: DeepSeek-V3 671B (without its 14B MTP module),
