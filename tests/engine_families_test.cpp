@@ -185,7 +185,9 @@ TEST_F(SlidingWindowKv, OneSequenceHoldsOnlyItsWindowOfSlidingBlocks) {
     const int64_t in_use = n_blocks - t.free_blocks_after;
     EXPECT_EQ(in_use, blocks_while_running(c.start_pos, c.n_tokens, bs)) << "step " << t.step;
     // The sliding group: at most ceil((window - 1) / bs) + 1 blocks once the prompt is in.
-    if (c.start_pos > 0) EXPECT_LE(in_use - ceil_div(c.start_pos + 1, bs), ceil_div(kWindow - 1, bs) + 1);
+    if (c.start_pos > 0) {
+      EXPECT_LE(in_use - ceil_div(c.start_pos + 1, bs), ceil_div(kWindow - 1, bs) + 1);
+    }
     most_in_use = std::max(most_in_use, in_use);
   }
   // 68 positions computed: 17 blocks in each group if the sliding layers kept everything, 17 + 2 here.

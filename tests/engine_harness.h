@@ -58,7 +58,11 @@ class EngineHarness {
     const HandBuiltTables tables = hand_built_tables(model->spec(), blocks);
     ForwardBatch batch;
     batch.tokens = prompt;
-    batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(prompt.size()), .start_pos = 0, .want_logits = true});
+    batch.seqs.push_back({.first_token = 0,
+                          .n_tokens = int32_t(prompt.size()),
+                          .start_pos = 0,
+                          .block_table = tables.tables[0],
+                          .want_logits = true});
     tables.attach(batch.seqs.back());
     std::vector<float> logits;
     std::vector<int32_t> out;

@@ -158,10 +158,12 @@ class Sim {
         table.insert(table.end(), fresh.begin(), fresh.end());
         // Equal, except where a sliding group gave a block back: the device copy keeps the old id there.
         ASSERT_EQ(table.size(), c.table(g).size()) << "sequence " << seq->id << " group " << g;
-        for (size_t k = 0; k < table.size(); ++k)
-          if (c.table(g)[k] != kNoBlock)
+        for (size_t k = 0; k < table.size(); ++k) {
+          if (c.table(g)[k] != kNoBlock) {
             EXPECT_EQ(table[k], c.table(g)[k])
                 << "sequence " << seq->id << " group " << g << ": the appended new_blocks are not its block table";
+          }
+        }
       }
       if (c.first_in_slot) ++first_in_slot_chunks;
     }

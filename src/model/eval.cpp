@@ -136,7 +136,8 @@ EvalResult evaluate(ModelRunner& model, ModelRunner* reference, std::span<const 
         hand_built_tables(r.spec(), (options.ctx + r.kv_config().block_size - 1) / r.kv_config().block_size);
     ForwardBatch batch;
     batch.tokens.assign(window.begin(), window.end());
-    batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(window.size()), .start_pos = 0, .want_logits = true});
+    batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(window.size()), .start_pos = 0,
+                          .block_table = tables.tables[0], .want_logits = true});
     tables.attach(batch.seqs.back());
     batch.all_logits = true;
     r.forward(batch, logits);

@@ -4,7 +4,7 @@
 //   node tests/server/random_model.mjs FAMILY OUT_DIR     FAMILY: gpt_oss | deepseek_v3 | glm4_moe
 //
 // The weights and config.json are the family's parity fixture (tests/data/parity/: a tiny random
-// checkpoint made by transformers, symlinked, not copied). The fixtures have no tokenizer, so this
+// checkpoint made by transformers; the weights symlinked, the config copied with one EOS id). The fixtures have no tokenizer, so this
 // writes one sized to the model's vocabulary: ids 0..2 are <|endoftext|>, <|im_start|>,
 // <|im_end|> (the bundled spill-tiny's special tokens, so its ChatML chat template and tool format
 // apply unchanged), ids 3..258 the 256 byte-level symbols (no merges: every byte is a token), and
@@ -46,7 +46,9 @@ export function writeRandomModel(family, outDir) {
 
   fs.mkdirSync(outDir, { recursive: true });
   fs.symlinkSync(path.join(fixture, 'model.safetensors'), path.join(outDir, 'model.safetensors'));
-  fs.symlinkSync(path.join(fixture, 'config.json'), path.join(outDir, 'config.json'));
+  // The fixture's config, with <|im_end|> (id 2) as the only EOS: a fixture's other EOS ids (GLM's 3)
+  // are byte tokens here, which random weights pick often enough to end replies after a token.
+  fs.writeFileSync(path.join(outDir, 'config.json'), JSON.stringify({ ...config, eos_token_id: 2 }, null, 2));
 
   const vocabMap = {};
   const added = [];
@@ -80,8 +82,7 @@ export function writeRandomModel(family, outDir) {
   const tokenizerConfig = JSON.parse(fs.readFileSync(path.join(tiny, 'tokenizer_config.json'), 'utf8'));
   tokenizerConfig.added_tokens_decoder = Object.fromEntries(added.map((t) => [String(t.id), t]));
   fs.writeFileSync(path.join(outDir, 'tokenizer_config.json'), JSON.stringify(tokenizerConfig, null, 2));
-  // EOS: <|im_end|> (id 2, as in every fixture's config) and <|endoftext|>.
-  fs.writeFileSync(path.join(outDir, 'generation_config.json'), JSON.stringify({ eos_token_id: [2, 0], pad_token_id: 0 }, null, 2));
+  fs.writeFileSync(path.join(outDir, 'generation_config.json'), JSON.stringify({ eos_token_id: 2, pad_token_id: 0 }, null, 2));
   return outDir;
 }
 
