@@ -270,12 +270,14 @@ std::vector<int32_t> tokens_for(const Model& m, int n, int salt) {
 
 // Logits of every position of one sequence, prefilled in one step.
 std::vector<float> prefill(const Model& m, const std::vector<int32_t>& tokens, int32_t block_size) {
-  auto runner = make_cpu_runner(m, {.block_size = block_size, .n_blocks = 32}, 2);
-  std::vector<int32_t> table(16);
+  auto runner = make_cpu_runner(m, {.block_size = block_size, .n_blocks = 40}, 2);
+  std::vector<int32_t> table(16), sliding_table(16);
   std::iota(table.rbegin(), table.rend(), 3);  // blocks out of order
+  std::iota(sliding_table.begin(), sliding_table.end(), 20);  // gpt-oss's second KV group, other blocks
   ForwardBatch b;
   b.tokens = tokens;
   b.seqs.push_back({.first_token = 0, .n_tokens = int32_t(tokens.size()), .start_pos = 0, .block_table = table});
+  b.seqs.back().group_tables[0] = sliding_table;  // ignored by a model with one KV group
   b.all_logits = true;
   std::vector<float> logits;
   runner->forward(b, logits);
@@ -295,15 +297,18 @@ TEST_P(FamilyForward, DecodeThroughTheCacheEqualsPrefill) {
   for (float f : want_a) ASSERT_TRUE(std::isfinite(f));
   auto runner = make_cpu_runner(*model, {.block_size = 3, .n_blocks = 32}, 2);
   const std::vector<int32_t> table_a = {9, 2, 5, 0}, table_c = {7, 1, 4};
+  const std::vector<int32_t> sliding_a = {13, 3, 11, 6}, sliding_c = {8, 12, 10};  // gpt-oss's second KV group
   for (size_t pos = 0; pos < a.size(); ++pos) {
     ForwardBatch b;
     b.tokens = {a[pos]};
     b.seqs.push_back({.first_token = 0, .n_tokens = 1, .start_pos = int32_t(pos), .block_table = table_a,
                       .want_logits = true});
+    b.seqs.back().group_tables[0] = sliding_a;
     if (pos < c.size()) {
       b.tokens.push_back(c[pos]);
       b.seqs.push_back({.first_token = 1, .n_tokens = 1, .start_pos = int32_t(pos), .block_table = table_c,
                         .want_logits = true, .slot = 1});
+      b.seqs.back().group_tables[0] = sliding_c;
     }
     std::vector<float> logits;
     runner->forward(b, logits);
