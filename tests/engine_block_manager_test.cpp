@@ -242,5 +242,26 @@ TEST(BlockManager, RandomWorkloadKeepsInvariantsAndLeaksNothing) {
   EXPECT_GT(bm.stats().evictions, 0);
 }
 
+// Each KV group caches its own copy of a prefix: the same key finds a group's block only.
+TEST(BlockManager, GroupsFindOnlyTheirOwnCachedBlocks) {
+  BlockManager bm({.n_blocks = 4, .block_size = 2, .hash_seed = 1, .group_windows = {0, 3}});
+  const std::vector<int32_t> tokens = {5, 6};
+  const PrefixKey root = bm.root_key(0), key = bm.chain_key(root, tokens);
+  std::vector<int32_t> full, sliding;
+  ASSERT_TRUE(bm.allocate(1, full));
+  ASSERT_TRUE(bm.allocate(1, sliding));
+  EXPECT_TRUE(bm.register_full_block(full[0], key, root, tokens, 0));
+  EXPECT_EQ(bm.find_block(1, key, root, tokens), kNoBlock) << "group 0's block must not serve group 1";
+  EXPECT_TRUE(bm.register_full_block(sliding[0], key, root, tokens, 1)) << "the same key, another group";
+  EXPECT_EQ(bm.find_block(0, key, root, tokens), full[0]);
+  EXPECT_EQ(bm.find_block(1, key, root, tokens), sliding[0]);
+  bm.release(full);
+  bm.release(sliding);
+  bm.check_invariants();
+  EXPECT_EQ(bm.stats().cached_free, 2);
+  EXPECT_THROW(BlockManager({.n_blocks = 4, .group_windows = {}}), Error);
+  EXPECT_THROW(BlockManager({.n_blocks = 4, .group_windows = {0, 3, 4}}), Error);
+}
+
 }  // namespace
 }  // namespace spill

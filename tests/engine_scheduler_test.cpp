@@ -89,21 +89,38 @@ class Sim {
       EXPECT_EQ(c.want_logits, c.start_pos + c.n_tokens == seq->n_tokens());
       for (int32_t t = 0; t < c.n_tokens; ++t)
         EXPECT_EQ(b.tokens[size_t(c.first_token + t)], seq->tokens[size_t(c.start_pos + t)]);
-      // Blocks this chunk writes: private to it, never shared, never cached.
-      for (int64_t p = c.start_pos; p < c.start_pos + c.n_tokens; ++p) {
-        const int32_t blk = c.block_table[size_t(p / bs)];
-        EXPECT_EQ(blocks.ref_count(blk), 1) << "a written block must not be shared";
-        EXPECT_FALSE(blocks.is_cached(blk)) << "a written block must not be in the prefix cache";
-        writers[blk] = int(i);
+      for (int32_t g = 0; g < blocks.n_groups(); ++g) {
+        const std::span<const int32_t> table = c.table(g);
+        ASSERT_EQ(table.size(), c.block_table.size()) << "every KV group's table covers the same positions";
+        // Given back (kNoBlock) only what the chunk's window no longer sees, on a sliding group.
+        const int64_t window = blocks.group_window(g);
+        const int64_t first_seen_block = window > 0 ? std::max<int64_t>(0, c.start_pos - window + 1) / bs : 0;
+        for (int64_t k = 0; k < int64_t(table.size()); ++k) {
+          if (k >= first_seen_block) {
+            EXPECT_NE(table[size_t(k)], kNoBlock) << "group " << g << " block " << k << " is read by the chunk";
+          } else if (table[size_t(k)] != kNoBlock) {
+            EXPECT_GE(blocks.ref_count(table[size_t(k)]), 1);
+          }
+        }
+        // Blocks this chunk writes: private to it, never shared, never cached.
+        for (int64_t p = c.start_pos; p < c.start_pos + c.n_tokens; ++p) {
+          const int32_t blk = table[size_t(p / bs)];
+          EXPECT_EQ(blocks.ref_count(blk), 1) << "a written block must not be shared";
+          EXPECT_FALSE(blocks.is_cached(blk)) << "a written block must not be in the prefix cache";
+          auto [it, fresh] = writers.try_emplace(blk, int(i) * kMaxKvGroups + g);
+          EXPECT_TRUE(fresh || it->second == int(i) * kMaxKvGroups + g)
+              << "block " << blk << " is written by two sequences or two KV groups";
+        }
       }
     }
     for (size_t i = 0; i < b.seqs.size(); ++i)
-      for (int32_t blk : b.seqs[i].block_table) {
-        auto it = writers.find(blk);
-        if (it != writers.end()) {
-          EXPECT_EQ(it->second, int(i)) << "block " << blk << " is written by another sequence";
+      for (int32_t g = 0; g < blocks.n_groups(); ++g)
+        for (int32_t blk : b.seqs[i].table(g)) {
+          auto it = writers.find(blk);
+          if (it != writers.end()) {
+            EXPECT_EQ(it->second, int(i) * kMaxKvGroups + g) << "block " << blk << " is written by another sequence";
+          }
         }
-      }
     EXPECT_EQ(tokens, b.n_tokens());
     check_slots();
   }
@@ -129,16 +146,25 @@ class Sim {
       EXPECT_EQ(c.slot, seq->slot);
       const bool kept_running = slot_at_last_plan.count(seq) > 0;
       EXPECT_EQ(c.first_in_slot, !kept_running) << "sequence " << seq->id;
-      std::vector<int32_t>& table = device_tables[c.slot];
       if (c.first_in_slot) {
-        table.clear();
         device_owner[c.slot] = seq;
       } else {
         EXPECT_EQ(device_owner[c.slot], seq) << "slot " << c.slot << " changed hands without first_in_slot";
       }
-      table.insert(table.end(), c.new_blocks.begin(), c.new_blocks.end());
-      EXPECT_EQ(table, std::vector<int32_t>(c.block_table.begin(), c.block_table.end()))
-          << "sequence " << seq->id << ": the appended new_blocks are not its block table";
+      for (int32_t g = 0; g < blocks.n_groups(); ++g) {
+        std::vector<int32_t>& table = device_tables[c.slot * kMaxKvGroups + g];
+        if (c.first_in_slot) table.clear();
+        const std::span<const int32_t> fresh = g == 0 ? c.new_blocks : c.group_new_blocks[size_t(g - 1)];
+        table.insert(table.end(), fresh.begin(), fresh.end());
+        // Equal, except where a sliding group gave a block back: the device copy keeps the old id there.
+        ASSERT_EQ(table.size(), c.table(g).size()) << "sequence " << seq->id << " group " << g;
+        for (size_t k = 0; k < table.size(); ++k) {
+          if (c.table(g)[k] != kNoBlock) {
+            EXPECT_EQ(table[k], c.table(g)[k])
+                << "sequence " << seq->id << " group " << g << ": the appended new_blocks are not its block table";
+          }
+        }
+      }
       if (c.first_in_slot) ++first_in_slot_chunks;
     }
     slot_at_last_plan.clear();
@@ -468,6 +494,96 @@ TEST(Scheduler, ManyRandomSequencesUnderPressureAllFinishWithoutLeaks) {
   for (SimSeq* s : all) EXPECT_TRUE(s->done);
   EXPECT_EQ(sim.blocks.n_free(), 24);
   EXPECT_GT(sim.sched.counters().prefix_hit_tokens, 0);
+}
+
+// ---- KV cache groups: gpt-oss's full and sliding-window layers --------------------------------
+
+// After each step, a sliding group holds exactly the blocks from the next query's window start
+// (n_computed - window + 1) on; the plans pass every check of check_plan (a written block is
+// private in every group, given-back entries are only behind the window, per-slot tables rebuilt
+// from new_blocks). Caching and preemption on; everything comes back at the end.
+TEST(Scheduler, SlidingGroupHoldsOnlyItsWindowUnderCachingAndPreemption) {
+  const int32_t window = 5, bs = 3;
+  std::mt19937 rng(9);
+  Sim sim({.n_blocks = 40, .block_size = bs, .hash_seed = 5, .group_windows = {0, window}},
+          {.max_running = 6, .max_batch_tokens = 13});
+  std::vector<SimSeq*> all;
+  for (int wave = 0; wave < 30; ++wave) {
+    const int joining = 1 + int(rng() % 2);
+    for (int j = 0; j < joining; ++j) {
+      std::vector<int32_t> p(1 + rng() % 30);
+      for (auto& t : p) t = int32_t(rng() % 3);  // small alphabet: many shared prefixes
+      all.push_back(sim.add(p, 1 + int64_t(rng() % 12)));
+    }
+    for (int k = 0; k < 3; ++k) {
+      if (sim.sched.running().empty() && sim.sched.waiting().empty()) break;
+      sim.step();
+      for (const Sequence* q : sim.sched.running()) {
+        const int64_t first_seen = std::max<int64_t>(0, q->n_computed - window + 1);
+        const std::vector<int32_t>& sliding = q->table(1);
+        for (size_t b = 0; b < sliding.size(); ++b)
+          EXPECT_EQ(sliding[b] == kNoBlock, int64_t(b) < first_seen / bs)
+              << "sequence " << q->id << " at " << q->n_computed << ", block " << b;
+        for (int32_t blk : q->block_table) EXPECT_NE(blk, kNoBlock) << "a full group keeps every block";
+      }
+    }
+  }
+  sim.run_to_completion();
+  for (SimSeq* s : all) EXPECT_TRUE(s->done);
+  EXPECT_EQ(sim.blocks.n_free(), 40);
+  EXPECT_GT(sim.sched.counters().prefix_hit_tokens, 0);
+  EXPECT_GT(sim.sched.counters().preemptions, 0);
+}
+
+// A prefix hit needs, in a sliding group, only the blocks that cover the window of the hit's end.
+TEST(Scheduler, ASlidingGroupsHitNeedsOnlyTheBlocksOfItsWindow) {
+  const int32_t window = 5, bs = 4;
+  const std::vector<int32_t> a = tokens_from(24, 100);  // 6 full blocks
+  std::vector<int32_t> b = a;
+  b.insert(b.end(), {1, 2, 3, 4, 5});
+  // Runs a alone; then takes the pool's plain free blocks and the n_evicted least recently used
+  // cached ones into held, and gives 4 plain ones back (room for b's first chunk).
+  auto run_a_and_evict = [&](Sim& sim, int64_t n_evicted, std::vector<int32_t>& held) {
+    sim.add(a, 1);
+    sim.run_to_completion();
+    const int64_t plain = sim.blocks.n_free() - sim.blocks.stats().cached_free;
+    ASSERT_TRUE(sim.blocks.allocate(plain + n_evicted, held));
+    sim.blocks.release(std::span<const int32_t>(held.data(), 4));
+    held.erase(held.begin(), held.begin() + 4);
+  };
+  {  // Everything still cached: the whole prefix hits, in the sliding group only block 5 (20..23).
+    Sim sim({.n_blocks = 30, .block_size = bs, .group_windows = {0, window}}, {.max_running = 2});
+    std::vector<int32_t> held;
+    run_a_and_evict(sim, 0, held);
+    SimSeq* q = sim.add(b, 1);
+    const StepTrace t = sim.step();
+    EXPECT_EQ(q->cached_tokens, 24);
+    ASSERT_EQ(t.chunks.size(), 1u);
+    EXPECT_EQ(t.chunks[0].start_pos, 24);
+    EXPECT_EQ(t.chunks[0].n_tokens, 5);
+    sim.blocks.release(held);
+  }
+  {  // The sliding group's blocks 0..4 evicted (they left its window first, so they are the least
+     // recently used): the hit is still whole, as the next query's window (20..24) needs block 5 only.
+    Sim sim({.n_blocks = 30, .block_size = bs, .group_windows = {0, window}}, {.max_running = 2});
+    std::vector<int32_t> held;
+    run_a_and_evict(sim, 5, held);
+    SimSeq* q = sim.add(b, 1);
+    sim.step();
+    EXPECT_EQ(q->cached_tokens, 24);
+    sim.blocks.release(held);
+  }
+  {  // Block 5 evicted as well: no shorter hit has its window either (each needs the block just
+     // before it), so nothing hits although the full group still has all 6 blocks.
+    Sim sim({.n_blocks = 30, .block_size = bs, .group_windows = {0, window}}, {.max_running = 2});
+    std::vector<int32_t> held;
+    run_a_and_evict(sim, 6, held);
+    EXPECT_EQ(sim.blocks.stats().cached_free, 6) << "the full group's 6 blocks are left";
+    SimSeq* q = sim.add(b, 1);
+    sim.step();
+    EXPECT_EQ(q->cached_tokens, 0);
+    sim.blocks.release(held);
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "model/model.h"
 #include "model/runner.h"
+#include "engine_harness.h"
 #include "test_models.h"
 
 namespace spill {
@@ -33,8 +34,11 @@ class EngineTest : public ::testing::Test {
     dir_ = new TempDir("spill-engine-test");
     params_ = RandomModelParams{.vocab_size = 300, .dense_layers = {0}, .seed = 11};
     write_random_model(dir_->path(), params_);
+    harness_ = new testing::EngineHarness([] { return Model::load(model_dir()); }, kThreads);
   }
   static void TearDownTestSuite() {
+    delete harness_;
+    harness_ = nullptr;
     delete dir_;
     dir_ = nullptr;
   }
@@ -42,96 +46,27 @@ class EngineTest : public ::testing::Test {
 
   static std::unique_ptr<Engine> make_engine(int64_t n_blocks, const EngineConfig& config = {},
                                              int32_t block_size = 16) {
-    auto model = Model::load(model_dir());
-    auto runner = make_cpu_runner(*model, {.block_size = block_size, .n_blocks = n_blocks}, kThreads);
-    return std::make_unique<Engine>(EngineParts{.model = std::move(model), .runner = std::move(runner)}, config);
+    return harness_->make_engine(n_blocks, config, block_size);
   }
-
-  // Greedy decoding with a fresh runner, one sequence, contiguous blocks: the reference.
   static std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_t n_new) {
-    static std::mutex mutex;
-    static std::map<std::pair<std::vector<int32_t>, int64_t>, std::vector<int32_t>> memo;
-    {
-      std::lock_guard lock(mutex);
-      auto it = memo.find({prompt, n_new});
-      if (it != memo.end()) return it->second;
-    }
-    auto model = Model::load(model_dir());
-    const int32_t bs = 16;
-    const int64_t n_blocks = (int64_t(prompt.size()) + n_new + bs - 1) / bs;
-    auto runner = make_cpu_runner(*model, {.block_size = bs, .n_blocks = n_blocks}, kThreads);
-    std::vector<int32_t> table(static_cast<size_t>(n_blocks));
-    std::iota(table.begin(), table.end(), 0);
-    ForwardBatch batch;
-    batch.tokens = prompt;
-    batch.seqs.push_back({.first_token = 0,
-                          .n_tokens = int32_t(prompt.size()),
-                          .start_pos = 0,
-                          .block_table = table,
-                          .want_logits = true});
-    std::vector<float> logits;
-    std::vector<int32_t> out;
-    int32_t pos = int32_t(prompt.size());
-    for (int64_t i = 0; i < n_new; ++i) {
-      runner->forward(batch, logits);
-      const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      out.push_back(next);
-      batch.tokens = {next};
-      batch.seqs[0].n_tokens = 1;
-      batch.seqs[0].start_pos = pos++;
-    }
-    std::lock_guard lock(mutex);
-    memo[{prompt, n_new}] = out;
-    return out;
+    return harness_->reference_greedy(prompt, n_new);
   }
-
-  static std::vector<int32_t> random_prompt(int64_t n, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int32_t& t : p) t = int32_t(rng() % uint64_t(params_.vocab_size));
-    return p;
-  }
-
+  static std::vector<int32_t> random_prompt(int64_t n, uint64_t seed) { return harness_->random_prompt(n, seed); }
   static GenerationRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens) {
-    return {.prompt = std::move(prompt), .sampling = {.temperature = 0.0f}, .max_tokens = max_tokens};
+    return testing::EngineHarness::greedy_request(std::move(prompt), max_tokens);
   }
-
-  // Waits until the engine is idle and checks that every block came back.
-  static void expect_all_blocks_free(const Engine& engine) {
-    EngineMetrics m;
-    for (int i = 0; i < 1000; ++i) {
-      m = engine.metrics();
-      if (m.running == 0 && m.waiting == 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    EXPECT_EQ(m.running, 0);
-    EXPECT_EQ(m.waiting, 0);
-    EXPECT_EQ(m.kv_blocks_in_use, 0) << "KV blocks leaked";
-    EXPECT_EQ(m.kv_blocks_free, m.kv_blocks_total) << "KV blocks leaked";
-  }
+  static void expect_all_blocks_free(const Engine& engine) { testing::EngineHarness::expect_all_blocks_free(engine); }
 
   static TempDir* dir_;
   static RandomModelParams params_;
+  static testing::EngineHarness* harness_;
 };
 
 TempDir* EngineTest::dir_ = nullptr;
 RandomModelParams EngineTest::params_;
+testing::EngineHarness* EngineTest::harness_ = nullptr;
 
-// Collects step traces from the engine thread.
-struct TraceLog {
-  std::mutex mutex;
-  std::vector<StepTrace> steps;
-  std::function<void(const StepTrace&)> hook() {
-    return [this](const StepTrace& t) {
-      std::lock_guard lock(mutex);
-      steps.push_back(t);
-    };
-  }
-  std::vector<StepTrace> snapshot() {
-    std::lock_guard lock(mutex);
-    return steps;
-  }
-};
+using testing::TraceLog;
 
 TEST_F(EngineTest, OneRequestMatchesThePlainGreedyLoop) {
   auto engine = make_engine(64);

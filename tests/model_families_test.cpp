@@ -18,6 +18,7 @@
 #include "model/runner.h"
 #include "model/synthetic_source.h"
 #include "placement/memory.h"
+#include "placement/planner.h"
 
 namespace spill {
 namespace {
@@ -177,6 +178,32 @@ TEST(FamilyMemory, MlaKvBytesAreTheLatent) {
   EXPECT_EQ(placement::kv_bytes_per_token_per_layer(g, placement::KvFormat::BF16), 2 * 8 * 64 * 2);
 }
 
+// gpt-oss-120b's KV: 18 full layers keep every position, its 18 sliding layers (window 128) only
+// what their window and paging need (ceil(127 / 16) + 1 = 9 blocks of 16 at any context length).
+// Figures from the published shape: 8 KV heads x 64 dims, K and V, 2 bytes in bf16.
+TEST(FamilyMemory, GptOssSlidingLayersKeepOnlyTheirWindow) {
+  const ModelSpec g = shape_of("gpt-oss-120b.json").spec;
+  const int64_t per_layer = 2 * 8 * 64 * 2, ctx = 131072;
+  EXPECT_EQ(kv_bytes_for_sequence(g, KvFormat::BF16, ctx, 16), 18 * ctx * per_layer + 18 * 9 * 16 * per_layer);
+  EXPECT_EQ(kv_bytes_for_sequence(g, KvFormat::BF16, 100, 16), 36 * 112 * per_layer);  // 7 blocks, inside the window
+  EXPECT_EQ(kv_bytes_per_token(g, KvFormat::BF16), 36 * per_layer) << "every layer, as an unpaged cache would";
+  const KvGroups groups = kv_groups(g);
+  ASSERT_EQ(groups.size(), 2);
+  EXPECT_EQ(groups.layers_per_block(), 18);
+  EXPECT_EQ(cpu_kv_bytes_per_block(g, 16), 18 * 16 * (2 * 8 * 64 * 4)) << "a block is one group's 18 layers deep";
+  EXPECT_EQ(kv_blocks_for_sequence(groups.windows(), ctx, 16), ctx / 16 + 9);
+  // The placement planner: max_seqs windows for the sliding layers, max_seqs contexts for the full ones.
+  placement::PlanRequest r{.shape = shape_of("gpt-oss-120b.json"), .max_model_len = ctx, .max_seqs = 4};
+  r.gpu_mem = {int64_t(1) << 50};
+  const placement::PlanOutcome out = placement::make_plan(r);
+  ASSERT_TRUE(out.fits) << out.refusal;
+  EXPECT_EQ(out.plan.kv_tokens, 4 * ctx);
+  EXPECT_EQ(out.plan.kv_bytes_per_token, 18 * per_layer);
+  EXPECT_EQ(out.plan.kv_sliding_tokens, 4 * 9 * 16);
+  EXPECT_EQ(out.plan.kv_sliding_bytes_per_token, 18 * per_layer);
+  EXPECT_EQ(out.plan.kv_bytes(), 4 * kv_bytes_for_sequence(g, KvFormat::BF16, ctx, 16));
+}
+
 // Parameter counts against the published ones: DeepSeek-V3 671B (without its 14B MTP module),
 // Kimi-K2 "1T", GLM-4.6 355B with its MTP layer (spill counts the 92 decoder layers), gpt-oss-120b
 // 116.83B.
@@ -243,12 +270,14 @@ std::vector<int32_t> tokens_for(const Model& m, int n, int salt) {
 
 // Logits of every position of one sequence, prefilled in one step.
 std::vector<float> prefill(const Model& m, const std::vector<int32_t>& tokens, int32_t block_size) {
-  auto runner = make_cpu_runner(m, {.block_size = block_size, .n_blocks = 32}, 2);
-  std::vector<int32_t> table(16);
+  auto runner = make_cpu_runner(m, {.block_size = block_size, .n_blocks = 40}, 2);
+  std::vector<int32_t> table(16), sliding_table(16);
   std::iota(table.rbegin(), table.rend(), 3);  // blocks out of order
+  std::iota(sliding_table.begin(), sliding_table.end(), 20);  // gpt-oss's second KV group, other blocks
   ForwardBatch b;
   b.tokens = tokens;
   b.seqs.push_back({.first_token = 0, .n_tokens = int32_t(tokens.size()), .start_pos = 0, .block_table = table});
+  b.seqs.back().group_tables[0] = sliding_table;  // ignored by a model with one KV group
   b.all_logits = true;
   std::vector<float> logits;
   runner->forward(b, logits);
@@ -268,15 +297,18 @@ TEST_P(FamilyForward, DecodeThroughTheCacheEqualsPrefill) {
   for (float f : want_a) ASSERT_TRUE(std::isfinite(f));
   auto runner = make_cpu_runner(*model, {.block_size = 3, .n_blocks = 32}, 2);
   const std::vector<int32_t> table_a = {9, 2, 5, 0}, table_c = {7, 1, 4};
+  const std::vector<int32_t> sliding_a = {13, 3, 11, 6}, sliding_c = {8, 12, 10};  // gpt-oss's second KV group
   for (size_t pos = 0; pos < a.size(); ++pos) {
     ForwardBatch b;
     b.tokens = {a[pos]};
     b.seqs.push_back({.first_token = 0, .n_tokens = 1, .start_pos = int32_t(pos), .block_table = table_a,
                       .want_logits = true});
+    b.seqs.back().group_tables[0] = sliding_a;
     if (pos < c.size()) {
       b.tokens.push_back(c[pos]);
       b.seqs.push_back({.first_token = 1, .n_tokens = 1, .start_pos = int32_t(pos), .block_table = table_c,
                         .want_logits = true, .slot = 1});
+      b.seqs.back().group_tables[0] = sliding_c;
     }
     std::vector<float> logits;
     runner->forward(b, logits);

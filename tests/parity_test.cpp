@@ -89,11 +89,13 @@ void check_hidden_states(const fs::path& dir, const RouterRecorder& rec, double 
 std::vector<float> all_logits(spill::ModelRunner& runner, const std::vector<int32_t>& ids,
                               spill::ForwardObserver* observer = nullptr) {
   const int32_t bs = runner.kv_config().block_size;
-  std::vector<int32_t> table(static_cast<size_t>((int64_t(ids.size()) + bs - 1) / bs));
-  std::iota(table.begin(), table.end(), 0);
+  // One table per KV group (gpt-oss: full and sliding-window layers), on disjoint blocks.
+  const spill::HandBuiltTables tables = spill::hand_built_tables(runner.spec(), (int64_t(ids.size()) + bs - 1) / bs);
   spill::ForwardBatch batch;
   batch.tokens = ids;
-  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .block_table = table});
+  batch.seqs.push_back(
+      {.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .block_table = tables.tables[0]});
+  tables.attach(batch.seqs.back());
   batch.all_logits = true;
   std::vector<float> logits;
   runner.forward(batch, logits, observer);
@@ -108,13 +110,14 @@ int32_t argmax(const float* row, int64_t n) {
 std::vector<int32_t> greedy(spill::ModelRunner& runner, const std::vector<int32_t>& prompt, int n_new) {
   const int32_t bs = runner.kv_config().block_size;
   const int64_t vocab = runner.spec().vocab_size;
-  std::vector<int32_t> table(static_cast<size_t>((int64_t(prompt.size()) + n_new + bs - 1) / bs));
-  std::iota(table.begin(), table.end(), 0);
+  const spill::HandBuiltTables tables =
+      spill::hand_built_tables(runner.spec(), (int64_t(prompt.size()) + n_new + bs - 1) / bs);
   std::vector<int32_t> out;
   spill::ForwardBatch batch;
   batch.tokens = prompt;
-  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(prompt.size()), .start_pos = 0, .block_table = table,
-                        .want_logits = true});
+  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(prompt.size()), .start_pos = 0,
+                        .block_table = tables.tables[0], .want_logits = true});
+  tables.attach(batch.seqs.back());
   std::vector<float> logits;
   int32_t pos = int32_t(prompt.size());
   for (int i = 0; i < n_new; ++i) {

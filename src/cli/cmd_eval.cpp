@@ -52,10 +52,11 @@ void run_eval(EvalArgs a) {
 
   // One window per step, in a pool of exactly its blocks.
   const int32_t block_size = 16;
-  const RunnerOptions runner_options{
+  const int64_t window_blocks = (a.eval.ctx + block_size - 1) / block_size;
+  RunnerOptions runner_options{
       .device = a.device,
       .threads = a.threads,
-      .kv = {.block_size = block_size, .blocks = (a.eval.ctx + block_size - 1) / block_size},
+      .kv = {.block_size = block_size, .blocks = hand_built_pool_blocks(bundle.model->spec(), window_blocks)},
       .limits = {.max_seqs = 1, .max_batch_tokens = a.eval.ctx, .max_model_len = a.eval.ctx}};
   std::unique_ptr<Model> model = std::move(bundle.model);
   quantize_as_flagged(*model, a.model, a.threads);
@@ -67,6 +68,7 @@ void run_eval(EvalArgs a) {
     rf.model = a.reference;
     rf.quant = a.reference_quant;
     ref_model = open_model(rf, a.threads);
+    runner_options.kv.blocks = hand_built_pool_blocks(ref_model->spec(), window_blocks);
     ref_runner = open_runner(*ref_model, runner_options);
   } else if (!a.reference_quant.empty()) {
     fail("--reference-quant was given without --reference");

@@ -89,12 +89,12 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
   const int64_t n_blocks = (total + block_size - 1) / block_size;
   auto runner = open_runner(*model, {.device = a.device,
                                      .threads = a.threads,
-                                     .kv = {.block_size = block_size, .blocks = n_blocks},
+                                     .kv = {.block_size = block_size, .blocks = hand_built_pool_blocks(spec, n_blocks)},
                                      .limits = {.max_seqs = 1,
                                                 .max_batch_tokens = int64_t(prompt.size()),
                                                 .max_model_len = total}});
-  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
-  std::iota(table.begin(), table.end(), 0);
+  const HandBuiltTables tables = hand_built_tables(spec, n_blocks);  // one table per KV group
+  const std::vector<int32_t>& table = tables.tables[0];
 
   SequenceSampler sampler(a.sampling, prompt, uint64_t(clock::now().time_since_epoch().count()));
   SequenceSampler* const samplers[] = {&sampler};
@@ -111,6 +111,7 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
                         .slot = 0,
                         .new_blocks = table,
                         .first_in_slot = true});
+  tables.attach(batch.seqs.back(), /*first_in_slot=*/true);
 
   const auto t0 = clock::now();
   auto t_first = t0;
@@ -133,6 +134,7 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
     batch.seqs[0].n_tokens = 1;
     batch.seqs[0].start_pos = pos++;
     batch.seqs[0].new_blocks = {};  // the whole table was given with the prompt
+    batch.seqs[0].group_new_blocks = {};
     batch.seqs[0].first_in_slot = false;
   }
   if (stream) std::fputs(stream->finish().c_str(), stdout);

@@ -149,9 +149,24 @@ void run_info(const ModelFlags& flags) {
   if (s.attention == AttentionKind::Mla)
     fmt::print("attention      MLA: q_lora_rank {}, kv_lora_rank {}, rope {} / nope {} / v {} per head\n", s.mla.q_lora_rank,
                s.mla.kv_lora_rank, s.mla.qk_rope_head_dim, s.mla.qk_nope_head_dim, s.mla.v_head_dim);
-  fmt::print("KV cache       {} values per token per layer ({}), {} bytes per token in f32 over {} layers\n",
-             s.kv_values_per_token(), s.attention == AttentionKind::Mla ? "latent + rope key" : "K + V",
-             cpu_kv_bytes_per_block(s, 1), s.n_layers);
+  const KvGroups kv_groups_of_model = kv_groups(s);
+  if (kv_groups_of_model.size() == 1 && kv_groups_of_model.groups[0].window == 0) {
+    fmt::print("KV cache       {} values per token per layer ({}), {} bytes per token in f32 over {} layers\n",
+               s.kv_values_per_token(), s.attention == AttentionKind::Mla ? "latent + rope key" : "K + V",
+               kv_bytes_per_token(s, KvFormat::F32), s.n_layers);
+  } else {
+    // Sliding layers keep a window, not the context: the honest figure is per layer kind.
+    const int64_t per_layer = kv_bytes_per_token_per_layer(s, KvFormat::F32);
+    int64_t full_layers = 0, sliding_layers = 0;
+    for (const KvGroup& g : kv_groups_of_model.groups) (g.window > 0 ? sliding_layers : full_layers) += int64_t(g.layers.size());
+    const int64_t context = s.max_position_embeddings;
+    fmt::print("KV cache       {} values per token per layer (K + V), {} bytes per token in f32 over {} full-attention "
+               "layers, plus {} bytes per token of the last {} over {} sliding-window layers: {} bytes for a sequence of "
+               "{} tokens ({} bytes per token), in blocks of 16\n",
+               s.kv_values_per_token(), full_layers * per_layer, full_layers, sliding_layers * per_layer,
+               s.sliding_window, sliding_layers, kv_bytes_for_sequence(s, KvFormat::F32, context, 16), context,
+               context > 0 ? kv_bytes_for_sequence(s, KvFormat::F32, context, 16) / context : 0);
+  }
   fmt::print("parameters     {:.3f} M total, {:.3f} M active per token\n", total_params / 1e6, active / 1e6);
   fmt::print("weights        {} ({} bytes)\n\n", human_bytes(total_bytes), total_bytes);
   fmt::print("{:<16} {:>14} {:>14} {:>7}\n", "tensor class", "parameters", "bytes", "share");

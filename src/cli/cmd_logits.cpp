@@ -36,10 +36,11 @@ void add_logits_command(CLI::App& app) {
     const int64_t n = int64_t(ids.size()), n_blocks = (n + block_size - 1) / block_size;
     auto runner = open_runner(*model, {.device = a->device,
                                        .threads = a->threads,
-                                       .kv = {.block_size = block_size, .blocks = n_blocks},
+                                       .kv = {.block_size = block_size,
+                                              .blocks = hand_built_pool_blocks(model->spec(), n_blocks)},
                                        .limits = {.max_seqs = 1, .max_batch_tokens = n, .max_model_len = n}});
-    std::vector<int32_t> table(static_cast<size_t>(n_blocks));
-    std::iota(table.begin(), table.end(), 0);
+    const HandBuiltTables tables = hand_built_tables(model->spec(), n_blocks);  // one table per KV group
+    const std::vector<int32_t>& table = tables.tables[0];
     ForwardBatch batch;
     batch.tokens = ids;
     batch.seqs.push_back({.first_token = 0,
@@ -50,6 +51,7 @@ void add_logits_command(CLI::App& app) {
                           .slot = 0,
                           .new_blocks = table,
                           .first_in_slot = true});
+    tables.attach(batch.seqs.back(), /*first_in_slot=*/true);
     batch.all_logits = true;
     std::vector<float> logits;
     runner->forward(batch, logits);

@@ -35,8 +35,12 @@ uint64_t random_seed() {
 }  // namespace
 
 BlockManager::BlockManager(const BlockManagerParams& params)
-    : block_size_(params.block_size), prefix_caching_(params.prefix_caching) {
+    : block_size_(params.block_size), prefix_caching_(params.prefix_caching), group_windows_(params.group_windows) {
   if (params.block_size <= 0) fail("KV cache: block size must be positive, got {}", params.block_size);
+  if (group_windows_.empty() || group_windows_.size() > size_t(kMaxKvGroups))
+    fail("KV cache: {} KV cache groups; spill keeps 1 to {}", group_windows_.size(), kMaxKvGroups);
+  for (int32_t w : group_windows_)
+    if (w < 0) fail("KV cache: a sliding window of {} positions", w);
   if (params.n_blocks <= 0) fail("KV cache: the pool needs at least one block, got {}", params.n_blocks);
   if (params.n_blocks > int64_t(INT32_MAX))
     fail("KV cache: {} blocks is more than a block id can name", params.n_blocks);
@@ -69,8 +73,25 @@ PrefixKey BlockManager::chain_key(const PrefixKey& parent, std::span<const int32
           hash_lane(seed_hi_, parent.hi, parent.lo, block_tokens)};
 }
 
+PrefixKey BlockManager::group_key(const PrefixKey& key, int32_t group) const {
+  if (group == 0) return key;
+  return {mix64(key.lo ^ (uint64_t(group) * 0xd6e8feb86659fd93ull)), mix64(key.hi + uint64_t(group))};
+}
+
+int32_t BlockManager::find_block(int32_t group, const PrefixKey& key, const PrefixKey& parent,
+                                 std::span<const int32_t> block_tokens) const {
+  auto it = by_key_.find(group_key(key, group));
+  if (it == by_key_.end()) return kNoBlock;
+  const Block& b = blocks_[size_t(it->second)];
+  if (b.group != group || b.parent != parent ||
+      !std::equal(b.tokens.begin(), b.tokens.end(), block_tokens.begin(), block_tokens.end()))
+    return kNoBlock;  // a 128-bit collision: astronomically unlikely, but never share on a mere hash match
+  return it->second;
+}
+
 int64_t BlockManager::find_cached_prefix(std::span<const int32_t> tokens, uint64_t salt, int64_t max_blocks,
-                                         std::vector<int32_t>& blocks, std::vector<PrefixKey>& keys) const {
+                                         std::vector<int32_t>& blocks, std::vector<PrefixKey>& keys,
+                                         int32_t group) const {
   if (!prefix_caching_) return 0;
   const int64_t full_blocks = std::min<int64_t>(max_blocks, int64_t(tokens.size()) / block_size_);
   PrefixKey parent = root_key(salt);
@@ -78,12 +99,9 @@ int64_t BlockManager::find_cached_prefix(std::span<const int32_t> tokens, uint64
   for (int64_t i = 0; i < full_blocks; ++i) {
     std::span<const int32_t> block_tokens = tokens.subspan(size_t(i * block_size_), size_t(block_size_));
     const PrefixKey key = chain_key(parent, block_tokens);
-    auto it = by_key_.find(key);
-    if (it == by_key_.end()) break;
-    const Block& b = blocks_[size_t(it->second)];
-    if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), block_tokens.begin(), block_tokens.end()))
-      break;  // a 128-bit collision: astronomically unlikely, but never share on a mere hash match
-    blocks.push_back(it->second);
+    const int32_t b = find_block(group, key, parent, block_tokens);
+    if (b == kNoBlock) break;
+    blocks.push_back(b);
     keys.push_back(key);
     parent = key;
     ++hits;
@@ -93,12 +111,13 @@ int64_t BlockManager::find_cached_prefix(std::span<const int32_t> tokens, uint64
 
 int64_t BlockManager::count_free(std::span<const int32_t> blocks) const {
   int64_t n = 0;
-  for (int32_t b : blocks) n += blocks_[size_t(b)].ref_count == 0;
+  for (int32_t b : blocks) n += b != kNoBlock && blocks_[size_t(b)].ref_count == 0;
   return n;
 }
 
 void BlockManager::acquire(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
+    if (b == kNoBlock) continue;
     Block& blk = blocks_[size_t(b)];
     if (blk.ref_count == 0) {
       list_remove(b);
@@ -129,6 +148,7 @@ bool BlockManager::allocate(int64_t n, std::vector<int32_t>& out) {
 void BlockManager::release(std::span<const int32_t> blocks) {
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
     const int32_t b = *it;
+    if (b == kNoBlock) continue;
     Block& blk = blocks_[size_t(b)];
     if (blk.ref_count <= 0) fail("KV cache: block {} released more often than acquired (internal error)", b);
     if (--blk.ref_count > 0) continue;
@@ -144,16 +164,19 @@ void BlockManager::release(std::span<const int32_t> blocks) {
 }
 
 bool BlockManager::register_full_block(int32_t block, const PrefixKey& key, const PrefixKey& parent,
-                                       std::span<const int32_t> block_tokens) {
+                                       std::span<const int32_t> block_tokens, int32_t group) {
   if (!prefix_caching_) return false;
   if (int64_t(block_tokens.size()) != block_size_)
     fail("KV cache: only full blocks can be cached ({} tokens given, block size {})", block_tokens.size(), block_size_);
+  if (group < 0 || group >= n_groups()) fail("KV cache: group {} of {} (internal error)", group, n_groups());
   Block& blk = blocks_[size_t(block)];
-  if (blk.registered) return blk.key == key;
-  auto [it, inserted] = by_key_.try_emplace(key, block);
+  const PrefixKey stored = group_key(key, group);
+  if (blk.registered) return blk.key == stored;
+  auto [it, inserted] = by_key_.try_emplace(stored, block);
   if (!inserted) return false;
   blk.registered = true;
-  blk.key = key;
+  blk.key = stored;
+  blk.group = group;
   blk.parent = parent;
   blk.tokens.assign(block_tokens.begin(), block_tokens.end());
   ++n_registered_;

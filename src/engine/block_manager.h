@@ -17,11 +17,18 @@
 // Free and cached blocks sit in one list ordered by eviction priority: plain free blocks first,
 // then cached ones from least to most recently used. Allocation takes from the front, so a cached
 // block is only evicted when no plain free block is left.
+//
+// KV cache groups (model/kv_format.h): on a model with several (gpt-oss's full and sliding-window
+// layers), one pool serves them all, each sequence has one table per group, and a block holds one
+// group's KV. The token chain and its keys are the same for every group; a group's blocks are
+// found under their key and their group, so each group caches its own copy of a prefix.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <unordered_map>
 #include <vector>
+
+#include "model/batch.h"
 
 namespace spill {
 
@@ -40,6 +47,9 @@ struct BlockManagerParams {
   bool prefix_caching = true;
   // Seeds the key hash. 0: drawn at random, so keys cannot be predicted from outside the process.
   uint64_t hash_seed = 0;
+  // The window of each KV cache group, 0 for full attention (KvCacheConfig::group_windows). The
+  // scheduler reads them; the block manager only keeps the groups' cached blocks apart.
+  std::vector<int32_t> group_windows{0};
 };
 
 struct BlockManagerStats {
@@ -59,6 +69,8 @@ class BlockManager {
   int64_t n_blocks() const { return int64_t(blocks_.size()); }
   int64_t n_free() const { return n_free_; }
   bool prefix_caching() const { return prefix_caching_; }
+  int32_t n_groups() const { return int32_t(group_windows_.size()); }
+  int32_t group_window(int32_t group) const { return group_windows_[size_t(group)]; }
   BlockManagerStats stats() const;
 
   // The key every sequence's chain starts from. Requests with different salts never share blocks.
@@ -69,9 +81,14 @@ class BlockManager {
   // Walks tokens block by block from the root and returns how many leading full blocks are cached
   // (at most max_blocks). For each hit appends the block id to blocks and its key to keys. Takes no
   // references: call acquire() on the hits before anything else allocates.
+  // group: the KV group whose blocks are looked up.
   int64_t find_cached_prefix(std::span<const int32_t> tokens, uint64_t salt, int64_t max_blocks,
-                             std::vector<int32_t>& blocks, std::vector<PrefixKey>& keys) const;
+                             std::vector<int32_t>& blocks, std::vector<PrefixKey>& keys, int32_t group = 0) const;
+  // The block of group that holds block_tokens under key behind parent, or kNoBlock.
+  int32_t find_block(int32_t group, const PrefixKey& key, const PrefixKey& parent,
+                     std::span<const int32_t> block_tokens) const;
   // How many of these blocks have ref_count 0 (acquiring them takes them out of the free list).
+  // kNoBlock entries are skipped, here and in acquire() and release().
   int64_t count_free(std::span<const int32_t> blocks) const;
 
   // Adds a reference to each block (cached blocks leave the free list).
@@ -88,7 +105,7 @@ class BlockManager {
   // Returns false when another block already holds that key (then this block stays private and
   // is simply freed when released) or when prefix caching is off.
   bool register_full_block(int32_t block, const PrefixKey& key, const PrefixKey& parent,
-                           std::span<const int32_t> block_tokens);
+                           std::span<const int32_t> block_tokens, int32_t group = 0);
 
   int32_t ref_count(int32_t block) const { return blocks_[size_t(block)].ref_count; }
   bool is_cached(int32_t block) const { return blocks_[size_t(block)].registered; }
@@ -102,8 +119,9 @@ class BlockManager {
     int32_t ref_count = 0;
     bool registered = false;
     bool in_free_list = false;
+    int32_t group = 0;             // the KV group whose content it holds while registered
     int32_t prev = -1, next = -1;  // free list links
-    PrefixKey key, parent;
+    PrefixKey key, parent;         // key: as stored (group_key of the chain key)
     std::vector<int32_t> tokens;  // the block's tokens, kept while registered to verify hits
   };
 
@@ -111,9 +129,12 @@ class BlockManager {
   void list_push_front(int32_t b);
   void list_push_back(int32_t b);
   void unregister(int32_t b);
+  // The key a group's block is stored under: the chain key itself for group 0.
+  PrefixKey group_key(const PrefixKey& key, int32_t group) const;
 
   int32_t block_size_;
   bool prefix_caching_;
+  std::vector<int32_t> group_windows_;
   uint64_t seed_lo_, seed_hi_;
   std::vector<Block> blocks_;
   int32_t head_ = -1, tail_ = -1;  // free list: front is evicted first

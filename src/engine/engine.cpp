@@ -87,7 +87,8 @@ struct Engine::Impl {
         max_model_len(max_model_len),
         blocks({.n_blocks = runner->kv_config().n_blocks,
                 .block_size = runner->kv_config().block_size,
-                .prefix_caching = config.prefix_caching}),
+                .prefix_caching = config.prefix_caching,
+                .group_windows = runner->kv_config().group_windows}),
         scheduler(config.scheduler, blocks),
         inbox(std::make_shared<EngineInbox>()),
         engine_seed(config.seed ? *config.seed : (uint64_t(std::random_device{}()) << 32 | std::random_device{}())) {
@@ -151,14 +152,14 @@ Engine::Engine(EngineParts parts, const EngineConfig& config) {
         "--max-batch-tokens",
         config.scheduler.max_batch_tokens, limits.max_batch_tokens);
   const KvCacheConfig kv = parts.runner->kv_config();
-  const int64_t capacity = kv.n_blocks * int64_t(kv.block_size);
+  const int64_t capacity = kv.pool_tokens();  // the longest sequence the pool holds alone
   if (config.max_model_len < 0) fail("engine: --max-model-len must be positive, got {}", config.max_model_len);
   if (config.max_model_len > capacity)
     fail(
         "engine: --max-model-len {} needs {} KV blocks of {} tokens, but the pool has {} ({} tokens); give more KV "
         "memory (--kv-blocks / --kv-mem) or lower --max-model-len",
-        config.max_model_len, (config.max_model_len + kv.block_size - 1) / kv.block_size, kv.block_size, kv.n_blocks,
-        capacity);
+        config.max_model_len, kv_blocks_for_sequence(kv.group_windows, config.max_model_len, kv.block_size),
+        kv.block_size, kv.n_blocks, capacity);
   if (config.max_model_len > limits.max_model_len)
     fail("engine: --max-model-len {} is more than the model runner was built for ({}); build it with the same "
          "--max-model-len",
@@ -189,8 +190,7 @@ void Engine::validate_request(const GenerationRequest& request) const {
     fail(
         "request: the prompt has {} tokens, more than the context limit of {} tokens (the model's context is {}, the "
         "KV cache holds {}); shorten the prompt, or give the engine more KV memory (--kv-blocks / --kv-mem)",
-        n_prompt, max_model_len_, spec_.max_position_embeddings,
-        impl_->blocks.n_blocks() * int64_t(impl_->blocks.block_size()));
+        n_prompt, max_model_len_, spec_.max_position_embeddings, impl_->runner->kv_config().pool_tokens());
   if (request.max_tokens && *request.max_tokens < 1)
     fail("request: max_tokens must be at least 1, got {}", *request.max_tokens);
   try {

@@ -23,6 +23,7 @@
 // Cost per step: O(sequences in the step + tokens in the step); a waiting sequence's prompt is
 // hashed when it is admitted (once, or again after a preemption).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -117,6 +118,11 @@ class Scheduler {
   void preempt(Sequence* victim, std::vector<Pending>& pending, int64_t& budget, StepTrace& trace);
   bool admit_front(std::vector<Pending>& pending, int64_t& budget, StepTrace& trace);
   void release_blocks(Sequence* seq);
+  // Appends n_blocks fresh blocks to each KV group's table (the caller checked they are free).
+  void allocate_tail(Sequence* seq, int64_t n_blocks);
+  // Gives back a sliding group's blocks wholly before the next query's window (kNoBlock in the table).
+  void drop_blocks_behind_windows(Sequence* seq);
+  int64_t find_group_hits(const Sequence& seq, int64_t max_blocks);
   void take_slot(Sequence* seq);
   void give_back_slot(Sequence* seq);
   int64_t blocks_for(int64_t n_tokens) const { return (n_tokens + blocks_.block_size() - 1) / blocks_.block_size(); }
@@ -128,7 +134,8 @@ class Scheduler {
 
   std::deque<Sequence*> waiting_;
   SchedulerCounters counters_;
-  std::vector<int32_t> scratch_blocks_;
+  bool has_window_ = false;  // some KV group slides
+  std::array<std::vector<int32_t>, kMaxKvGroups> scratch_hits_;  // per group, admit_front's prefix hit
   std::vector<PrefixKey> scratch_keys_;
 };
 

@@ -1,6 +1,7 @@
 // What the scheduler knows about one request: its tokens and where their KV lives. The engine's
 // per-request state (sampler, detokenizer, channel) extends this; the scheduler never sees it.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -25,11 +26,19 @@ struct Sequence {
   // (position p in block block_table[p / block_size], slot p % block_size).
   int64_t n_computed = 0;
   std::vector<int32_t> block_table;
+  // KV groups 1.. (model/kv_format.h): their tables, as long as block_table. A sliding group's
+  // leading blocks that no query will read again are kNoBlock: [0, first_live[g]) of its table.
+  std::array<std::vector<int32_t>, kMaxKvGroups - 1> group_tables;
+  std::array<size_t, kMaxKvGroups> first_live{};
+  std::vector<int32_t>& table(int32_t group) { return group == 0 ? block_table : group_tables[size_t(group - 1)]; }
+  const std::vector<int32_t>& table(int32_t group) const {
+    return group == 0 ? block_table : group_tables[size_t(group - 1)];
+  }
   // Prefix keys of the leading full blocks whose KV is computed (or was found in the cache).
   std::vector<PrefixKey> block_keys;
 
   // Its runner slot while Running (SeqChunk::slot), else -1; and how many blocks of block_table
-  // the runner has been given in chunks since the sequence took the slot.
+  // (and of each group's table) the runner has been given in chunks since the sequence took the slot.
   int32_t slot = -1;
   size_t blocks_sent = 0;
 

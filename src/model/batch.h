@@ -1,11 +1,21 @@
 // What one forward step computes: the contract between the engine's scheduler (which plans
 // steps) and a model runner (which executes them on some backend).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 namespace spill {
+
+// KV cache groups: layers that keep their KV the same way share one block table per sequence
+// (model/kv_format.h, KvGroups). A model whose layers all attend alike has one group; gpt-oss has
+// two, its full-attention layers (group 0) and its sliding-window layers (group 1), whose blocks
+// go back to the pool once they fall wholly out of the window.
+inline constexpr int32_t kMaxKvGroups = 2;
+// A table entry whose block was given back: a sliding group's block wholly before the window of
+// the chunk's first position. No layer reads it.
+inline constexpr int32_t kNoBlock = -1;
 
 // One sequence's part of a step: n_tokens new tokens (a prefill chunk, or 1 when decoding)
 // at positions [start_pos, start_pos + n_tokens). Positions before start_pos are already in
@@ -22,6 +32,13 @@ namespace spill {
 // after a preemption): whatever the runner kept for that slot is stale, and new_blocks is the whole
 // block_table. Batches built by hand (spill logits, eval, tests) may leave slot 0 and new_blocks
 // empty; a runner must not need them to compute a correct forward.
+//
+// Groups. block_table and new_blocks are KV group 0's (every layer's, on a single-group model);
+// group g >= 1 has group_tables[g - 1] and group_new_blocks[g - 1], with the same length and the
+// same rules. On a sliding group, the entries of blocks wholly before (start_pos - window + 1) may
+// be kNoBlock: those blocks went back to the pool, and a per-slot device copy may keep their old
+// ids, which no layer reads again. A batch for a multi-group model must name every group's table
+// (block_tables_for_hand_built_batch in model/runner.h makes them for hand-built batches).
 struct SeqChunk {
   int32_t first_token = 0;  // index of this chunk's first token in ForwardBatch::tokens
   int32_t n_tokens = 0;
@@ -31,6 +48,10 @@ struct SeqChunk {
   int32_t slot = 0;
   std::span<const int32_t> new_blocks{};  // the tail of block_table added since the previous chunk
   bool first_in_slot = false;
+  std::array<std::span<const int32_t>, kMaxKvGroups - 1> group_tables{};
+  std::array<std::span<const int32_t>, kMaxKvGroups - 1> group_new_blocks{};
+
+  std::span<const int32_t> table(int32_t group) const { return group == 0 ? block_table : group_tables[size_t(group - 1)]; }
 };
 
 struct ForwardBatch {

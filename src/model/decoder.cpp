@@ -4,6 +4,7 @@
 // attention sinks, the router's kind, shared experts, the expert activation); DeepSeek's latent
 // attention is its own block (mla_attention.cpp) behind the same residual stream.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -32,19 +33,22 @@ std::vector<float> to_floats(const TensorView& t) {
 class CpuRunner final : public ModelRunner {
  public:
   CpuRunner(const Model& model, KvCacheConfig kv, const RunnerLimits& limits, int n_threads)
-      : model_(model), spec_(model.spec()), kv_config_(kv), pool_(n_threads),
+      : model_(model), spec_(model.spec()), kv_config_(kv), groups_(kv_groups(spec_)), pool_(n_threads),
         rope_(cpu::make_rope_table(spec_.rope, spec_.rope_dims(), spec_.rope_interleaved)) {
     if (kv.block_size <= 0) fail("KV block size must be positive, got {}", kv.block_size);
     if (kv.n_blocks <= 0) fail("the KV cache needs at least one block, got {}", kv.n_blocks);
     kv_config_.format = KvFormat::F32;
     kv_config_.bytes_per_block = cpu_kv_bytes_per_block(spec_, kv.block_size);
+    kv_config_.group_windows = groups_.windows();
     limits_ = resolve_runner_limits(spec_, limits, kv_config_);
     slot_taken_.assign(size_t(limits_.max_seqs), 0);
-    // One allocation per layer: [n_blocks][block_size][entry] with the entry the layer's shape
-    // (GQA: a K plane and a V plane of kv_dim each; MLA: the latent and the rope key).
+    // One allocation per pool plane: [n_blocks][block_size][entry] with the entry the layers' shape
+    // (GQA: a K plane and a V plane of kv_dim each; MLA: the latent and the rope key). Layer l
+    // keeps its KV in plane groups_.plane[l], at the blocks of its group's table; with one group
+    // that is one plane per layer.
     kv_slots_ = size_t(kv.n_blocks) * size_t(kv.block_size);
-    kv_.resize(static_cast<size_t>(spec_.n_layers));
-    for (auto& layer : kv_) layer.reset(new float[kv_slots_ * size_t(spec_.kv_values_per_token())]);
+    kv_.resize(static_cast<size_t>(groups_.layers_per_block()));
+    for (auto& plane : kv_) plane.reset(new float[kv_slots_ * size_t(spec_.kv_values_per_token())]);
     for (const LayerWeights& lw : model.layers) {
       std::vector<cpu::ExpertView> views;
       for (const ExpertWeights& e : lw.experts) views.push_back(expert_view(e));
@@ -78,13 +82,15 @@ class CpuRunner final : public ModelRunner {
   const Model& model_;
   const ModelSpec& spec_;
   KvCacheConfig kv_config_;
+  KvGroups groups_;
   RunnerLimits limits_;
   ThreadPool pool_;
   cpu::RopeTable rope_;
   size_t kv_slots_ = 0;
-  std::vector<std::unique_ptr<float[]>> kv_;  // per layer [n_blocks][block_size][kv_values_per_token]
+  std::vector<std::unique_ptr<float[]>> kv_;  // per plane [n_blocks][block_size][kv_values_per_token]
   std::vector<std::vector<cpu::ExpertView>> experts_;  // per layer
   std::vector<uint8_t> slot_taken_;                    // check_batch's scratch, all 0 between calls
+  std::vector<uint8_t> block_written_;                 // check_batch's scratch (multi-group models)
   std::vector<std::vector<float>> sinks_, correction_bias_;  // per layer, empty where the model has none
   cpu::ActivationParams activation_;
 };
@@ -106,15 +112,53 @@ void CpuRunner::check_batch(const ForwardBatch& batch) {
     if (int64_t(c.start_pos) + c.n_tokens > limits_.max_model_len)
       fail("forward: a chunk reaches position {}, beyond the runner's limit of {} (--max-model-len)",
            int64_t(c.start_pos) + c.n_tokens, limits_.max_model_len);
-    const int64_t needed_blocks = (int64_t(c.start_pos) + c.n_tokens + kv_config_.block_size - 1) / kv_config_.block_size;
-    if (int64_t(c.block_table.size()) < needed_blocks)
-      fail("forward: a block table of {} blocks cannot hold {} positions", c.block_table.size(),
-           c.start_pos + c.n_tokens);
-    if (c.new_blocks.size() > c.block_table.size())
-      fail("forward: {} new blocks for a block table of {}", c.new_blocks.size(), c.block_table.size());
-    for (int64_t b = 0; b < needed_blocks; ++b)
-      if (c.block_table[size_t(b)] < 0 || c.block_table[size_t(b)] >= kv_config_.n_blocks)
-        fail("forward: block id {} is outside the KV pool of {} blocks", c.block_table[size_t(b)], kv_config_.n_blocks);
+    const int64_t bs = kv_config_.block_size;
+    const int64_t needed_blocks = (int64_t(c.start_pos) + c.n_tokens + bs - 1) / bs;
+    for (int32_t g = 0; g < groups_.size(); ++g) {
+      const std::span<const int32_t> table = c.table(g);
+      const std::span<const int32_t> fresh = g == 0 ? c.new_blocks : c.group_new_blocks[size_t(g - 1)];
+      if (table.empty() && g > 0)
+        fail("forward: this model keeps KV in {} groups (full and sliding-window layers) and a chunk names no block "
+             "table for group {} (SeqChunk::group_tables; hand_built_tables makes them)",
+             groups_.size(), g);
+      if (int64_t(table.size()) < needed_blocks)
+        fail("forward: a block table of {} blocks cannot hold {} positions", table.size(), c.start_pos + c.n_tokens);
+      if (fresh.size() > table.size())
+        fail("forward: {} new blocks for a block table of {}", fresh.size(), table.size());
+      // A sliding group's blocks wholly before the window of the chunk's first position are never
+      // read and may have gone back to the pool (kNoBlock).
+      const int32_t window = groups_.groups[size_t(g)].window;
+      const int64_t first_read = window > 0 ? std::max<int64_t>(0, int64_t(c.start_pos) - window + 1) / bs : 0;
+      for (int64_t b = 0; b < needed_blocks; ++b) {
+        const int32_t id = table[size_t(b)];
+        if (b < first_read && id == kNoBlock) continue;
+        if (id < 0 || id >= kv_config_.n_blocks)
+          fail("forward: block id {} is outside the KV pool of {} blocks", id, kv_config_.n_blocks);
+      }
+    }
+  }
+  // With several KV groups, one block id serves one group's layers on the pool's shared planes: two
+  // groups (or two sequences) writing one block would overwrite each other. The scheduler never
+  // plans it; a hand-built batch could.
+  if (groups_.size() > 1) {
+    block_written_.resize(size_t(kv_config_.n_blocks), 0);
+    const int64_t bs = kv_config_.block_size;
+    std::vector<int32_t> marked;
+    bool clash = false;
+    int32_t clash_block = 0;
+    for (const SeqChunk& c : batch.seqs)
+      for (int32_t g = 0; g < groups_.size(); ++g)
+        for (int64_t b = c.start_pos / bs; b <= (int64_t(c.start_pos) + c.n_tokens - 1) / bs; ++b) {
+          const int32_t id = c.table(g)[size_t(b)];
+          if (block_written_[size_t(id)] && !clash) clash = true, clash_block = id;
+          block_written_[size_t(id)] = 1;
+          marked.push_back(id);
+        }
+    for (int32_t id : marked) block_written_[size_t(id)] = 0;
+    if (clash)
+      fail("forward: block {} is written by two KV groups or two sequences in one step (the groups' tables of a "
+           "sequence must name different blocks)",
+           clash_block);
   }
   if (expected_first != batch.n_tokens()) fail("forward: chunks cover {} tokens of {}", expected_first, batch.n_tokens());
   for (int32_t t : batch.tokens)
@@ -157,7 +201,7 @@ void CpuRunner::gqa_attention(const LayerWeights& w, int64_t l, std::span<const 
   }
   cpu::apply_rope(rope_, q.data(), n, n_heads, D, positions);
   cpu::apply_rope(rope_, k.data(), n, n_kv, D, positions);
-  float* base = kv_[size_t(l)].get();
+  float* base = kv_[size_t(groups_.plane[size_t(l)])].get();
   const cpu::PagedKv kv{base, base + kv_slots_ * size_t(KV), kv_config_.block_size, n_kv, D};
   const cpu::AttentionParams params{.scale = float(spec_.softmax_scale()),
                                     .window = spec_.sliding(l) ? int32_t(spec_.sliding_window) : 0,
@@ -211,10 +255,12 @@ void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, F
   const int64_t n = batch.n_tokens(), H = spec_.hidden_size;
 
   std::vector<int32_t> positions(static_cast<size_t>(n));
-  std::vector<cpu::AttentionChunk> chunks;
+  // The chunks as each KV group's layers see them: the same tokens, that group's block tables.
+  std::array<std::vector<cpu::AttentionChunk>, kMaxKvGroups> group_chunks;
   for (const SeqChunk& c : batch.seqs) {
     for (int32_t i = 0; i < c.n_tokens; ++i) positions[size_t(c.first_token + i)] = c.start_pos + i;
-    chunks.push_back({c.first_token, c.n_tokens, c.start_pos, c.block_table});
+    for (int32_t g = 0; g < groups_.size(); ++g)
+      group_chunks[size_t(g)].push_back({c.first_token, c.n_tokens, c.start_pos, c.table(g)});
   }
   std::vector<float> x(static_cast<size_t>(n * H)), h(static_cast<size_t>(n * H)), block_out(static_cast<size_t>(n * H));
 
@@ -224,11 +270,13 @@ void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, F
   for (int64_t l = 0; l < spec_.n_layers; ++l) {
     const LayerWeights& w = model_.layers[size_t(l)];
     const int layer = int(l);
+    const std::span<const cpu::AttentionChunk> chunks = group_chunks[size_t(groups_.group_of[size_t(l)])];
 
     // Attention block: norm, then grouped-query or latent attention, residual.
     cpu::rmsnorm(x.data(), n, H, w.attn_norm, spec_.rms_norm_eps, h.data());
     if (spec_.attention == AttentionKind::Mla) {
-      const cpu::PagedLatentKv kv{kv_[size_t(l)].get(), kv_config_.block_size, spec_.mla.cache_values()};
+      const cpu::PagedLatentKv kv{kv_[size_t(groups_.plane[size_t(l)])].get(), kv_config_.block_size,
+                                  spec_.mla.cache_values()};
       mla_attention_block(pool_,
                           {.spec = spec_, .weights = w.mla, .rope = rope_, .kv = kv, .chunks = chunks,
                            .positions = positions.data(), .observer = observer, .layer = layer},
@@ -265,7 +313,7 @@ void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, F
 }  // namespace
 
 int64_t cpu_kv_bytes_per_block(const ModelSpec& spec, int32_t block_size) {
-  return kv_bytes_per_token(spec, KvFormat::F32) * int64_t(block_size);
+  return kv_groups(spec).layers_per_block() * kv_bytes_per_token_per_layer(spec, KvFormat::F32) * int64_t(block_size);
 }
 
 std::unique_ptr<ModelRunner> make_cpu_runner(const Model& model, const CpuRunnerConfig& config) {

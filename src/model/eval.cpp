@@ -126,17 +126,19 @@ EvalResult evaluate(ModelRunner& model, ModelRunner* reference, std::span<const 
   for (ModelRunner* r : {&model, reference}) {
     if (!r) continue;
     const KvCacheConfig& kv = r->kv_config();
-    if (kv.n_blocks * kv.block_size < options.ctx)
-      fail("internal: the runner's KV cache holds {} tokens, a window needs {}", kv.n_blocks * kv.block_size,
-           options.ctx);
+    const int64_t window_blocks = (options.ctx + kv.block_size - 1) / kv.block_size;
+    if (kv.n_blocks < hand_built_pool_blocks(r->spec(), window_blocks))
+      fail("internal: the runner's KV cache has {} blocks, a window needs {}", kv.n_blocks,
+           hand_built_pool_blocks(r->spec(), window_blocks));
   }
   auto run = [&](ModelRunner& r, std::span<const int32_t> window, std::vector<float>& logits) {
-    std::vector<int32_t> table(size_t((options.ctx + r.kv_config().block_size - 1) / r.kv_config().block_size));
-    std::iota(table.begin(), table.end(), 0);
+    const HandBuiltTables tables =
+        hand_built_tables(r.spec(), (options.ctx + r.kv_config().block_size - 1) / r.kv_config().block_size);
     ForwardBatch batch;
     batch.tokens.assign(window.begin(), window.end());
     batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(window.size()), .start_pos = 0,
-                          .block_table = table, .want_logits = true});
+                          .block_table = tables.tables[0], .want_logits = true});
+    tables.attach(batch.seqs.back());
     batch.all_logits = true;
     r.forward(batch, logits);
   };

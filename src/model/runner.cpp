@@ -22,7 +22,7 @@ int64_t resolve_kv_blocks(const ModelSpec& spec, const KvCapacity& capacity, int
   }
   // Default: room for 4 full-context sequences, capped at 2 GiB so a laptop is not swamped.
   const int64_t context = std::max<int64_t>(spec.max_position_embeddings, capacity.block_size);
-  const int64_t wanted = 4 * ((context + capacity.block_size - 1) / capacity.block_size);
+  const int64_t wanted = 4 * kv_blocks_for_sequence(kv_groups(spec).windows(), context, capacity.block_size);
   const int64_t cap = std::max<int64_t>(1, (int64_t(2) << 30) / bytes_per_block);
   return std::min(wanted, cap);
 }
@@ -37,12 +37,36 @@ void RunnerLimits::validate() const {
 RunnerLimits resolve_runner_limits(const ModelSpec& spec, RunnerLimits limits, const KvCacheConfig& kv) {
   limits.validate();
   if (limits.max_model_len == 0) {
-    const int64_t pool_tokens = kv.n_blocks * int64_t(kv.block_size);
+    const int64_t pool_tokens = kv.pool_tokens();
     limits.max_model_len =
         spec.max_position_embeddings > 0 ? std::min(pool_tokens, spec.max_position_embeddings) : pool_tokens;
   }
   if (limits.max_model_len < 1) fail("runner: a KV pool of {} blocks holds no sequence", kv.n_blocks);
   return limits;
+}
+
+void HandBuiltTables::attach(SeqChunk& chunk, bool first_in_slot) const {
+  chunk.block_table = tables.at(0);
+  for (size_t g = 1; g < tables.size(); ++g) chunk.group_tables[g - 1] = tables[g];
+  if (!first_in_slot) return;
+  chunk.first_in_slot = true;
+  chunk.new_blocks = tables[0];
+  for (size_t g = 1; g < tables.size(); ++g) chunk.group_new_blocks[g - 1] = tables[g];
+}
+
+HandBuiltTables hand_built_tables(const ModelSpec& spec, int64_t blocks_per_table, int32_t first) {
+  HandBuiltTables t;
+  const int32_t n_groups = kv_groups(spec).size();
+  for (int32_t g = 0; g < n_groups; ++g) {
+    std::vector<int32_t> table(static_cast<size_t>(blocks_per_table));
+    for (int64_t b = 0; b < blocks_per_table; ++b) table[size_t(b)] = int32_t(first + g * blocks_per_table + b);
+    t.tables.push_back(std::move(table));
+  }
+  return t;
+}
+
+int64_t hand_built_pool_blocks(const ModelSpec& spec, int64_t blocks_per_table, int64_t n_seqs) {
+  return n_seqs * kv_groups(spec).size() * blocks_per_table;
 }
 
 void ModelRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSampler* const> samplers,

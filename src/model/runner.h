@@ -33,6 +33,13 @@ struct KvCacheConfig {
   // Reported by the runner (its kv_config()); ignored when given to make_cpu_runner.
   KvFormat format = KvFormat::F32;  // what K and V are stored in
   int64_t bytes_per_block = 0;      // one block, all layers, K and V (and their scales)
+  // The window of each KV cache group's layers (0: full attention), group 0 first (KvGroups in
+  // model/kv_format.h). Reported by the runner; {0} for a model whose layers all attend alike.
+  std::vector<int32_t> group_windows{0};
+
+  int32_t n_groups() const { return int32_t(group_windows.size()); }
+  // The longest sequence the pool holds alone (kv_pool_tokens).
+  int64_t pool_tokens() const { return kv_pool_tokens(group_windows, n_blocks, block_size); }
 };
 
 // How big a KV pool to make: by blocks or by bytes (at most one), or the runner's default.
@@ -42,7 +49,7 @@ struct KvCapacity {
   int64_t bytes = 0;   // > 0: as many blocks as fit in this many bytes (--kv-mem)
 };
 // Blocks for capacity, given the bytes one block takes on the backend. The default (neither set)
-// holds 4 sequences of the model's full context, at most 2 GiB (the CPU runner's default; a GPU
+// holds 4 sequences of the model's full context (kv_blocks_for_sequence: sliding layers hold a window), at most 2 GiB (the CPU runner's default; a GPU
 // runner gives what is left of its memory as `bytes` instead). Throws spill::Error when both are
 // set or the result is under one block.
 int64_t resolve_kv_blocks(const ModelSpec& spec, const KvCapacity& capacity, int64_t bytes_per_block);
@@ -107,8 +114,23 @@ class ModelRunner {
   SamplerWorkspace sampler_workspace_;
 };
 
-// Bytes one KV block takes on the CPU backend (fp32 K and V, all layers).
+// Bytes one KV block takes on the CPU backend: fp32 K and V of block_size positions in each of
+// KvGroups::layers_per_block() layers (all layers, for a model with one KV group).
 int64_t cpu_kv_bytes_per_block(const ModelSpec& spec, int32_t block_size);
+
+// Block tables for batches built by hand (spill logits, eval, tests) on any model: one sequence of
+// blocks_per_table blocks in each KV group, the groups on disjoint blocks, group g's table
+// tables[g] = block ids [first + g * blocks_per_table, first + (g + 1) * blocks_per_table). The
+// pool needs first + kv.n_groups() * blocks_per_table blocks (hand_built_pool_blocks).
+struct HandBuiltTables {
+  std::vector<std::vector<int32_t>> tables;  // per group
+  // Points chunk's block_table and group_tables at these tables (which must outlive the batch);
+  // first_in_slot: also marks the chunk the slot's first, every table its new blocks.
+  void attach(SeqChunk& chunk, bool first_in_slot = false) const;
+};
+HandBuiltTables hand_built_tables(const ModelSpec& spec, int64_t blocks_per_table, int32_t first = 0);
+// The pool a hand-built batch of n_seqs sequences of blocks_per_table blocks each needs.
+int64_t hand_built_pool_blocks(const ModelSpec& spec, int64_t blocks_per_table, int64_t n_seqs = 1);
 
 struct CpuRunnerConfig {
   KvCapacity kv{};         // block size, and the pool by blocks, by bytes or by default

@@ -84,6 +84,12 @@ std::string format_fit_report(const PlanOutcome& o) {
                      r.kv_mem > 0 ? std::string("--kv-mem") : fmt::format("{}", p.max_seqs),
                      r.kv_mem > 0 ? format_bytes(r.kv_mem) : fmt::format("{} tokens", p.max_model_len),
                      format_bytes(p.kv_tokens * p.kv_bytes_per_token), format_bytes(p.workspace_per_gpu), r.max_batch_tokens);
+  if (p.kv_sliding_bytes_per_token > 0)
+    out += fmt::format("KV of the sliding-window layers: {} per token, {} tokens ({} windows of {} in blocks of {}) = {}; "
+                       "KV in all {}\n",
+                       format_bytes(p.kv_sliding_bytes_per_token), p.kv_sliding_tokens, p.max_seqs,
+                       r.shape.spec.sliding_window, r.kv_block_size,
+                       format_bytes(p.kv_sliding_tokens * p.kv_sliding_bytes_per_token), format_bytes(p.kv_bytes()));
   if (r.gpu_reserve > 0) out += fmt::format("reserve: {} per GPU (counted with the workspace)\n", format_bytes(r.gpu_reserve));
 
   out += "\nwithout offload (everything in VRAM):\n";

@@ -159,10 +159,21 @@ PlanOutcome make_plan(PlanRequest req) {
 
   plan.max_model_len = req.max_model_len;
   plan.max_seqs = req.max_seqs;
-  plan.kv_bytes_per_token = kv_bytes_per_token(s, req.kv_format);
   const int64_t kv_layer = kv_bytes_per_token_per_layer(s, req.kv_format);
+  int64_t sliding_layers = 0;
+  for (int64_t l = 0; l < s.n_layers; ++l) sliding_layers += s.sliding(l);
+  plan.kv_bytes_per_token = (s.n_layers - sliding_layers) * kv_layer;
+  plan.kv_sliding_bytes_per_token = sliding_layers * kv_layer;
+  if (sliding_layers > 0) {
+    const int32_t window[] = {int32_t(s.sliding_window)};
+    plan.kv_sliding_tokens = req.max_seqs * kv_blocks_for_sequence(window, req.max_model_len, req.kv_block_size) *
+                             req.kv_block_size;
+  }
   if (req.kv_mem > 0) {
-    plan.kv_tokens = req.kv_mem / plan.kv_bytes_per_token / req.kv_block_size * req.kv_block_size;
+    // The sliding layers' windows first (they do not grow with the context), then whole blocks of
+    // the full layers in what is left.
+    const int64_t left = std::max<int64_t>(0, req.kv_mem - plan.kv_sliding_tokens * plan.kv_sliding_bytes_per_token);
+    plan.kv_tokens = plan.kv_bytes_per_token > 0 ? left / plan.kv_bytes_per_token / req.kv_block_size * req.kv_block_size : 0;
   } else {
     const int64_t blocks = (req.max_model_len + req.kv_block_size - 1) / req.kv_block_size;
     plan.kv_tokens = req.max_seqs * blocks * req.kv_block_size;
@@ -187,7 +198,7 @@ PlanOutcome make_plan(PlanRequest req) {
 
   Budgeting b{.req = req, .mb = mb, .workspace = plan.workspace_per_gpu};
   for (size_t l = 0; l < L; ++l) {
-    b.layer_fixed.push_back(mb.layers[l].weights.total() + plan.kv_tokens * kv_layer);
+    b.layer_fixed.push_back(mb.layers[l].weights.total() + plan.kv_tokens_of_layer(s, int64_t(l)) * kv_layer);
     b.layer_routed.push_back(mb.layers[l].routed_bytes());
   }
   std::vector<int64_t> moe_layers, experts_in(L, 0);
@@ -222,7 +233,7 @@ PlanOutcome make_plan(PlanRequest req) {
         gp.weights[TensorClass::RoutedExperts] += (lb.n_routed_experts - h) * lb.routed_expert_bytes;
         gp.host_experts += h;
         gp.host_bytes += h * lb.routed_expert_bytes;
-        gp.kv += plan.kv_tokens * kv_layer;
+        gp.kv += plan.kv_tokens_of_layer(s, l) * kv_layer;
       }
     }
     return gpus;
@@ -261,7 +272,7 @@ PlanOutcome make_plan(PlanRequest req) {
     std::string msg;
     int64_t worst_over = 0;
     for (const GpuPlan& g : gpus) worst_over = std::max(worst_over, -g.room());
-    const int64_t kv_total = plan.kv_tokens * plan.kv_bytes_per_token;
+    const int64_t kv_total = plan.kv_bytes();
     const int64_t kv_per_seq = kv_total / std::max<int64_t>(1, req.max_seqs);
     if (!req.allow_offload) {
       int64_t over = 0;
@@ -293,13 +304,14 @@ PlanOutcome make_plan(PlanRequest req) {
     if (kv_total > 0 && req.kv_mem == 0 && kv_per_seq > 0) {
       const int64_t seqs = req.max_seqs - (total_over + kv_per_seq - 1) / kv_per_seq;
       if (seqs >= 1) fixes.push_back(fmt::format("--max-seqs {} (each sequence of {} tokens holds {} of KV)", seqs, req.max_model_len, gib_str(kv_per_seq)));
-      const int64_t per_token = req.max_seqs * plan.kv_bytes_per_token;
+      const int64_t per_token = std::max<int64_t>(1, req.max_seqs * plan.kv_bytes_per_token);
       const int64_t len = (req.max_model_len - (total_over + per_token - 1) / per_token) / req.kv_block_size * req.kv_block_size;
       if (len >= req.kv_block_size) fixes.push_back(fmt::format("--max-model-len {}", len));
     }
     if (req.kv_format != KvFormat::Fp8E4m3 && kv_total > 0)
       fixes.push_back(fmt::format("--kv-format fp8 (KV {} instead of {})",
-                                  gib_str(plan.kv_tokens * kv_bytes_per_token(s, KvFormat::Fp8E4m3)), gib_str(kv_total)));
+                                  gib_str(kv_total / kv_layer * kv_bytes_per_token_per_layer(s, KvFormat::Fp8E4m3)),
+                                  gib_str(kv_total)));
     if (req.max_batch_tokens > 512) fixes.push_back(fmt::format("--max-batch-tokens 512 (workspace {} per GPU)",
         gib_str(workspace_bytes(req.shape, {.max_batch_tokens = 512, .max_logit_rows = std::max<int64_t>(1, req.max_seqs)}))));
     if (!req.measured && dtype_bits_per_weight(req.types[TensorClass::Attention]) > 8.5)
@@ -394,7 +406,9 @@ DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& req, int64_t
   double seconds = 0;
   for (const LayerPlan& lp : plan.layers) {
     const LayerBytes& lb = mb.layers[size_t(lp.layer)];
-    double vram = double(lb.weights.total()) + double(batch) * double(context) * double(kv_layer);
+    // A sliding layer reads its window, not the whole context.
+    const int64_t seen = s.sliding(lp.layer) ? std::min<int64_t>(context, s.sliding_window) : context;
+    double vram = double(lb.weights.total()) + double(batch) * double(seen) * double(kv_layer);
     double host_b = 0;
     if (lp.moe) {
       std::vector<uint8_t> on_host(size_t(lb.n_routed_experts), 0);
@@ -488,6 +502,7 @@ std::string plan_to_json(const PlanOutcome& o) {
          return j;
        }()},
       {"kv", {{"format", std::string(kv_format_name(r.kv_format))}, {"tokens", p.kv_tokens}, {"bytes_per_token", p.kv_bytes_per_token},
+              {"sliding_tokens", p.kv_sliding_tokens}, {"sliding_bytes_per_token", p.kv_sliding_bytes_per_token},
               {"max_model_len", p.max_model_len}, {"max_seqs", p.max_seqs}, {"block_size", r.kv_block_size}}},
       {"max_batch_tokens", r.max_batch_tokens},
       {"usage", p.usage_source},

@@ -79,8 +79,16 @@ struct LayerPlan {
 
 struct Plan {
   ModelBytes bytes;
-  int64_t kv_tokens = 0;           // tokens the KV cache holds (all sequences)
-  int64_t kv_bytes_per_token = 0;  // all layers
+  // KV: a full-attention layer keeps kv_tokens positions (all sequences), a sliding-window layer
+  // (gpt-oss) kv_sliding_tokens: max_seqs windows in whole blocks (kv_blocks_for_sequence).
+  int64_t kv_tokens = 0;
+  int64_t kv_bytes_per_token = 0;  // over the full-attention layers (every layer, without sliding ones)
+  int64_t kv_sliding_tokens = 0;
+  int64_t kv_sliding_bytes_per_token = 0;  // over the sliding-window layers; 0 without any
+  int64_t kv_tokens_of_layer(const ModelSpec& spec, int64_t layer) const {
+    return spec.sliding(layer) ? kv_sliding_tokens : kv_tokens;
+  }
+  int64_t kv_bytes() const { return kv_tokens * kv_bytes_per_token + kv_sliding_tokens * kv_sliding_bytes_per_token; }
   int64_t max_model_len = 0, max_seqs = 0;  // as resolved
   int64_t workspace_per_gpu = 0;
   bool embedding_on_host = false;

@@ -6,7 +6,7 @@ import { after, before, describe, test } from 'node:test';
 
 import Anthropic from '@anthropic-ai/sdk';
 
-import { ANTHROPIC_MODEL, assertAnthropicError, assertInt, pickStopString, startServer } from './helpers.mjs';
+import { ANTHROPIC_MODEL, assertAnthropicError, assertInt, pickStopString, RANDOM_MODEL, startServer } from './helpers.mjs';
 
 const MESSAGES = [{ role: 'user', content: 'Write a Python function that checks whether a number is prime.' }];
 const STOP_REASONS = ['end_turn', 'max_tokens', 'stop_sequence', 'tool_use'];
@@ -117,9 +117,10 @@ describe('messages', () => {
     assertMessage(other, 'another model name', 4);
   });
 
-  test('stop_reason "max_tokens" when max_tokens is hit', async () => {
+  test('stop_reason "max_tokens" when max_tokens is hit', async (t) => {
     const m = await client.messages.create({ model: ANTHROPIC_MODEL, max_tokens: 3, messages: MESSAGES, temperature: 0 });
     assertMessage(m, 'max_tokens=3', 3);
+    if (RANDOM_MODEL && m.stop_reason === 'end_turn') return t.skip(`a random-weight model ended its reply with EOS within 3 tokens: ${JSON.stringify(textOf(m))}`);
     assert.equal(m.stop_reason, 'max_tokens', `max_tokens=3: stop_reason (text ${JSON.stringify(textOf(m))})`);
     assert.equal(m.usage.output_tokens, 3, 'max_tokens=3: output_tokens');
   });
@@ -163,6 +164,7 @@ describe('messages', () => {
     const req = { model: ANTHROPIC_MODEL, max_tokens: 24, messages: MESSAGES, temperature: 0 };
     const text = textOf(await client.messages.create(req));
     const pick = pickStopString(text);
+    if (!pick && RANDOM_MODEL) return t.skip(`a random-weight model's greedy text has no stop sequence to pick: ${JSON.stringify(text)}`);
     if (!pick) assert.fail(`the model produced too little text to pick a stop sequence from: ${JSON.stringify(text)}`);
     t.diagnostic(`greedy text ${JSON.stringify(text)}; stop ${JSON.stringify(pick.stop)} at ${pick.index}`);
     const m = await client.messages.create({ ...req, stop_sequences: [pick.stop] });

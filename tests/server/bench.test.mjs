@@ -11,7 +11,10 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 
-import { spillBinary, startServer } from './helpers.mjs';
+import { spillBinary, startServer, unlessTrained } from './helpers.mjs';
+
+// spill bench sizes prompts exactly with one-letter words, one token each with a trained BPE.
+const SKIP = unlessTrained('spill bench counts one-letter words as one token each, and the random model\'s byte-level tokenizer (no merges) makes " a" two');
 
 const run = promisify(execFile);
 const LENGTHS = [64, 200, 333];
@@ -30,6 +33,7 @@ function counter(metrics, name) {
 }
 
 before(async () => {
+  if (SKIP) return;
   srv = await startServer();
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'spill-bench-'));
   before_ = await srv.metrics();
@@ -49,7 +53,7 @@ after(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
-test('every request succeeded and the report covers every scenario', () => {
+test('every request succeeded and the report covers every scenario', { skip: SKIP }, () => {
   assert.ok(records.length > 0);
   for (const r of records) assert.equal(r.error, '', `request failed: ${JSON.stringify(r).slice(0, 300)}`);
   assert.deepEqual(result.scenarios.map((s) => s.name), ['tiny-agent', 'tiny-long-context', 'tiny-prefix-cache']);
@@ -63,7 +67,7 @@ test('every request succeeded and the report covers every scenario', () => {
   assert.equal((html.match(/<svg /g) ?? []).length, 3, 'three charts: per-stream speed, TTFT vs length, TPOT vs depth');
 });
 
-test('the client totals equal the server /metrics counters (this test scraped them too)', () => {
+test('the client totals equal the server /metrics counters (this test scraped them too)', { skip: SKIP }, () => {
   const ok = records.filter((r) => r.error === '');
   const sum = (k) => ok.reduce((a, r) => a + r[k], 0);
   const delta = (name) => counter(after_, name) - counter(before_, name);
@@ -94,7 +98,7 @@ test('the client totals equal the server /metrics counters (this test scraped th
   assert.equal(result.client_totals.cached_tokens, expected.cached_prompt_tokens);
 });
 
-test('prompts have exact token counts and outputs their fixed lengths', () => {
+test('prompts have exact token counts and outputs their fixed lengths', { skip: SKIP }, () => {
   const long = records.filter((r) => r.scenario === 'tiny-long-context');
   assert.deepEqual(long.map((r) => r.content_tokens), LENGTHS);
   // One user message each: the template's overhead is the same at every length only if the
@@ -108,7 +112,7 @@ test('prompts have exact token counts and outputs their fixed lengths', () => {
   }
 });
 
-test('statistics in result.json follow from requests.jsonl', () => {
+test('statistics in result.json follow from requests.jsonl', { skip: SKIP }, () => {
   // Recompute one group by vLLM's definitions: TPOT = (latency - TTFT) / (tokens - 1).
   const g = result.scenarios[0].groups[1];
   const mine = records.filter((r) => r.scenario === 'tiny-agent' && r.group === g.group);
@@ -124,7 +128,7 @@ test('statistics in result.json follow from requests.jsonl', () => {
   assert.ok(Math.abs(g.summary.stream_tok_s.p5 - pct(speeds, 5)) <= 1e-9 * pct(speeds, 5));
 });
 
-test('--compare puts two results side by side', async () => {
+test('--compare puts two results side by side', { skip: SKIP }, async () => {
   const b = path.join(dir, 'b');
   fs.mkdirSync(b);
   const copy = { ...result, label: 'run-b' };
@@ -136,7 +140,7 @@ test('--compare puts two results side by side', async () => {
   assert.ok(fs.readFileSync(path.join(out, 'compare.html'), 'utf8').includes('<svg '));
 });
 
-test('spill seats reads the capacity from the bench result', async () => {
+test('spill seats reads the capacity from the bench result', { skip: SKIP }, async () => {
   // A 1 tok/s SLO without margin: every measured level holds, so the capacity is the largest.
   const r = await run(spillBinary(), ['seats', '--bench', path.join(dir, 'a'), '--slo', '1', '--margin', '0', '--json'], { timeout: 60_000 });
   const seats = JSON.parse(r.stdout);
@@ -149,7 +153,7 @@ test('spill seats reads the capacity from the bench result', async () => {
   });
 });
 
-test('bad input is refused with a clear message', async () => {
+test('bad input is refused with a clear message', { skip: SKIP }, async () => {
   await assert.rejects(run(spillBinary(), ['bench', srv.url, '--scenario', 'agent-5k'], { timeout: 60_000 }), (e) => {
     assert.match(e.stderr, /unknown scenario 'agent-5k'/);
     return true;

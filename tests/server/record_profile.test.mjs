@@ -43,7 +43,9 @@ test('live traffic is counted, rewritten while serving and at shutdown', async (
   do {
     await sleep(100);
     p = readProfile();
-  } while (p.layers[0].decode_tokens < decode && Date.now() < deadline);
+    // Every MoE layer, not only the first: a snapshot can fall between two layers of one step, and
+    // a model's first layer may be dense (GLM-4.x, DeepSeek-V3).
+  } while (p.layers.some((l) => l.moe && l.decode_tokens < decode) && Date.now() < deadline);
   for (const layer of p.layers) {
     if (!layer.moe) continue;
     assert.equal(layer.prefill_tokens, prompt, `layer ${layer.layer} prefill tokens`);

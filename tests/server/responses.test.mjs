@@ -7,7 +7,10 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { assertInt, assertOpenAIError, startServer } from './helpers.mjs';
+import { assertInt, assertOpenAIError, startServer, unlessTrained } from './helpers.mjs';
+
+// The function calls below are spill-tiny's own (trained), not the client's.
+const NEEDS_CALL = unlessTrained('the function call comes from spill-tiny\'s training');
 
 const WEATHER = {
   type: 'function',
@@ -90,7 +93,7 @@ describe('POST /v1/responses, non-streaming', () => {
     assert.equal(r.usage.output_tokens, 3);
   });
 
-  test('the model calls a function: a function_call item with call_id and JSON arguments', async () => {
+  test('the model calls a function: a function_call item with call_id and JSON arguments', { skip: NEEDS_CALL }, async () => {
     const r = await client.responses.create({ model, input: 'What is the weather in Paris?', tools: [WEATHER, READ_FILE], max_output_tokens: 64, temperature: 0 });
     assertResponse(r, 'tool call', { maxOutputTokens: 64 });
     assert.equal(r.status, 'completed');
@@ -103,7 +106,7 @@ describe('POST /v1/responses, non-streaming', () => {
     assert.equal(r.tools.length, 2, 'tools echoed');
   });
 
-  test('function_call and function_call_output items go back as input: the call and the result are in the prompt', async () => {
+  test('function_call and function_call_output items go back as input: the call and the result are in the prompt', { skip: NEEDS_CALL }, async () => {
     const first = await client.responses.create({ model, input: 'What is the weather in Paris?', tools: [WEATHER], max_output_tokens: 64, temperature: 0, store: false });
     const call = first.output.find((i) => i.type === 'function_call');
     assert.ok(call, JSON.stringify(first.output));
@@ -175,7 +178,7 @@ describe('streaming', () => {
     assert.equal(r.output_text, nonStreamed.output_text, 'greedy: streamed and non-streamed text agree');
   });
 
-  test('a function call streams as output_item.added, arguments delta/done, output_item.done', async () => {
+  test('a function call streams as output_item.added, arguments delta/done, output_item.done', { skip: NEEDS_CALL }, async () => {
     const body = { model, input: 'Read the file src/main.py', tools: [WEATHER, READ_FILE], max_output_tokens: 64, temperature: 0 };
     const events = (await srv.stream('/v1/responses', { ...body, stream: true })).events;
     const final = checkEvents(events, 'tool stream');
@@ -193,7 +196,7 @@ describe('streaming', () => {
 });
 
 describe('previous_response_id and the store', () => {
-  test('a stored response continues: the conversation comes back, the tool result goes on top', async () => {
+  test('a stored response continues: the conversation comes back, the tool result goes on top', { skip: NEEDS_CALL }, async () => {
     const first = await client.responses.create({ model, input: 'What is the weather in Paris?', tools: [WEATHER], max_output_tokens: 64, temperature: 0 });
     const call = first.output.find((i) => i.type === 'function_call');
     assert.ok(call, JSON.stringify(first.output));
