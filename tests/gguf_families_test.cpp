@@ -12,12 +12,16 @@
 //  - hostile metadata for the new keys fails with the file and the key named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -517,8 +521,18 @@ std::string line_starting(const std::string& text, const std::string& prefix) {
   return "(no line '" + prefix + "')";
 }
 
-// Bytes by class from a GGUF equal those from the safetensors for the classes whose tensors keep
-// their type (the converter widens norms and the router to F32), and the KV cache is MLA's latent.
+// The whitespace-separated fields of a line.
+std::vector<std::string> fields(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string f; in >> f;) out.push_back(f);
+  return out;
+}
+
+// spill info on a GGUF: the parameters of every class equal the safetensors model's; the bytes too
+// for the classes whose tensors keep their type (the converter's layout widens norms, routers and
+// biases to F32, exactly, so those classes grow by 2 bytes per such parameter); the KV cache per
+// token is MLA's latent + rope key, not the expanded heads.
 TEST(GgufFamilies, InfoReportsBytesByClassAndLatentKv) {
   if (!std::getenv("SPILL_BIN")) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
   testing::TempDir tmp;
@@ -528,18 +542,32 @@ TEST(GgufFamilies, InfoReportsBytesByClassAndLatentKv) {
     auto [rc_b, from_dir] = run_spill("info --model " + (kParity / fixture).string());
     ASSERT_EQ(rc_a, 0) << from_gguf;
     ASSERT_EQ(rc_b, 0) << from_dir;
-    for (const char* cls : {"attention ", "dense MLP ", "shared experts ", "routed experts ", "bytes per routed expert",
-                            "KV cache ", "experts "})
-      EXPECT_EQ(line_starting(from_gguf, cls), line_starting(from_dir, cls)) << fixture;
     const ModelSpec s = load_model_spec((kParity / fixture).string());
+    const bool f32_biases_in_attention = s.attention_bias || s.attention_sinks;
+    for (const char* cls : {"attention", "dense MLP", "shared experts", "routed experts", "embeddings"}) {
+      const std::vector<std::string> g = fields(line_starting(from_gguf, std::string(cls) + " ")),
+                                     d = fields(line_starting(from_dir, std::string(cls) + " "));
+      const size_t at = std::string(cls).find(' ') == std::string::npos ? 1 : 2;  // fields of the name
+      ASSERT_GT(g.size(), at + 1) << from_gguf;
+      ASSERT_GT(d.size(), at + 1) << from_dir;
+      EXPECT_EQ(g[at], d[at]) << fixture << " " << cls << ": parameters";
+      const bool widened = (std::string(cls) == "attention" && f32_biases_in_attention) ||
+                           (std::string(cls) == "routed experts" && s.expert_bias);
+      if (!widened) {
+        EXPECT_EQ(g[at + 1], d[at + 1]) << fixture << " " << cls << ": bytes";
+      }
+    }
+    EXPECT_EQ(line_starting(from_gguf, "experts "), line_starting(from_dir, "experts ")) << fixture;
+    if (!s.expert_bias) {
+      EXPECT_EQ(line_starting(from_gguf, "bytes per routed expert"), line_starting(from_dir, "bytes per routed expert"));
+    }
     const int64_t kv = s.attention == AttentionKind::Mla ? s.mla.kv_lora_rank + s.mla.qk_rope_head_dim
                                                          : 2 * s.n_kv_heads * s.head_dim;
-    EXPECT_NE(line_starting(from_gguf, "KV cache ")
-                  .find(fmt::format("{} values per token per layer", kv) + std::string(" (") +
-                        (s.attention == AttentionKind::Mla ? "latent + rope key" : "K + V") + "), " +
-                        std::to_string(kv * 4 * s.n_layers) + " bytes per token"),
-              std::string::npos)
-        << from_gguf;
+    const std::string want = std::to_string(kv) + " values per token per layer (" +
+                             (s.attention == AttentionKind::Mla ? "latent + rope key" : "K + V") + "), " +
+                             std::to_string(kv * 4 * s.n_layers) + " bytes per token";
+    EXPECT_NE(line_starting(from_gguf, "KV cache ").find(want), std::string::npos) << from_gguf;
+    EXPECT_EQ(line_starting(from_gguf, "KV cache "), line_starting(from_dir, "KV cache "));
   }
 }
 
