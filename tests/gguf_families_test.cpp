@@ -405,7 +405,9 @@ TEST(GgufFamilies, HostileGlm4MoeMetadataIsRefusedByName) {
                   {"expert_gating_func", Value::u32(1), "'glm4moe.expert_gating_func' is 1 (softmax)"},
                   {"expert_weights_norm", Value::u32(1), "'glm4moe.expert_weights_norm' is a u32"},
                   {"nextn_predict_layers", Value::u32(1), "tensor 'blk.2.nextn.eh_proj.weight' is missing"},
-                  {"attention.key_length", Value::u32(30), "attn_q.weight' has shape"}});
+                  {"attention.key_length", Value::u32(30), "glm4moe.attention.value_length (32) differs from key_length (30)"},
+                  {"attention.key_length", Value::u32(31), "the head size (31) must be positive and even"},
+                  {"attention.key_length", std::nullopt, "value_length (32) differs from key_length (16)"}});
 }
 
 TEST(GgufFamilies, HostileGptOssMetadataIsRefusedByName) {
@@ -496,6 +498,8 @@ TEST_P(LlamaCppLogits, AgreeWithSpillWithinFp32Rounding) {
     }
   }
   EXPECT_LE(worst, bound) << "largest logit " << scale;
+  RecordProperty("max_abs_logit_difference", std::to_string(worst));
+  RecordProperty("largest_abs_logit", std::to_string(scale));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCppLogits,

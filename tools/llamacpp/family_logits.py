@@ -2,7 +2,7 @@
 """llama.cpp against spill on the GGUF files spill writes for the deepseek2 / glm4moe / gpt-oss
 family fixtures (tests/data/parity), one table.
 
-For each fixture: `spill quantize --quant bf16` writes its GGUF (a copy of the fixture folder with a
+For each fixture: `spill quantize --quant bf16` (`bf16,experts=mxfp4` for gpt_oss_mxfp4) writes its GGUF (a copy of the fixture folder with a
 byte-level tokenizer, as tests/gguf_families_test.cpp makes it); gguf-py widens every BF16 tensor to
 F32 (exact), so llama.cpp's CPU matmuls take F32 activations (a BF16 file makes ggml round them to
 BF16 first); MXFP4 experts stay MXFP4. llama.cpp (greedy_ids, GREEDY_IDS_EXACT=1: F32 KV cache, no
@@ -102,7 +102,9 @@ def compare(a, fixture, work):
     json.dump(byte_tokenizer(cfg["vocab_size"]), open(os.path.join(hf, "tokenizer.json"), "w"))
     bf16 = os.path.join(work, fixture + ".gguf")
     f32 = os.path.join(work, fixture + "-f32.gguf")
-    run([a.spill, "quantize", "--model", hf, "--quant", "bf16", "--out", bf16])
+    # MXFP4 experts stay MXFP4 (llama.cpp then rounds their activations to Q8_0 blocks of 32).
+    quant = "bf16,experts=mxfp4" if "mxfp4" in fixture else "bf16"
+    run([a.spill, "quantize", "--model", hf, "--quant", quant, "--out", bf16])
     widen_to_f32(bf16, f32)
     prompt = json.load(open(os.path.join(PARITY, fixture, "expected.json")))["input_ids"][:N_PROMPT]
     raw = os.path.join(work, "llama.f32")
