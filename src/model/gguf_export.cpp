@@ -235,8 +235,10 @@ void write_gguf(const Model& model, const std::string& path, const GgufExportOpt
   if (sigmoid_moe) {
     u32("leading_dense_block_count", leading_dense);
     u32("expert_shared_count", s.n_shared_experts);
-    u32("expert_group_count", s.router.n_group);
-    u32("expert_group_used_count", s.router.topk_group);
+    // All groups chosen is no group limit; llama.cpp asserts fewer chosen groups than groups.
+    const bool grouped = s.router.topk_group < s.router.n_group;
+    u32("expert_group_count", grouped ? s.router.n_group : 1);
+    u32("expert_group_used_count", grouped ? s.router.topk_group : 1);
     u32("expert_gating_func", 2);  // sigmoid
     w.set(p + "expert_weights_scale", Value::f32(float(s.router.routed_scaling_factor)));
     w.set(p + "expert_weights_norm", Value::boolean(s.norm_topk_prob));
