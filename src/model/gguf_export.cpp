@@ -1,6 +1,7 @@
 #include "model/gguf_export.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "core/json_limits.h"
 #include "formats/gguf_writer.h"
+#include "quant/quant.h"
 #include "quant/quant_mix.h"
 #include "text/tokenizer.h"
 
@@ -28,10 +30,9 @@ std::string gguf_arch_name(const ModelSpec& spec) {
     case Arch::Olmoe: return "olmoe";
     case Arch::Llama:
     case Arch::Mixtral: return "llama";  // llama.cpp runs Mixtral as llama with experts
-    case Arch::GptOss:
-    case Arch::DeepseekV3:
-    case Arch::Glm4Moe:
-      fail("writing {} models as GGUF is not supported yet (spill runs them from their safetensors)", arch_name(spec.arch));
+    case Arch::GptOss: return "gpt-oss";
+    case Arch::DeepseekV3: return "deepseek2";  // DeepSeek-V3 and Kimi-K2 are deepseek2 in llama.cpp
+    case Arch::Glm4Moe: return "glm4moe";
   }
   return "llama";
 }
@@ -165,11 +166,39 @@ void write_gguf(const Model& model, const std::string& path, const GgufExportOpt
   const ModelSpec& s = model.spec();
   const std::string arch = gguf_arch_name(s);
   const std::string p = arch + ".";
-  if (s.rope.kind != RopeKind::Default)
-    fail("{}: RoPE scaling is not written to GGUF by spill yet; quantize a model with default RoPE", model.where());
-  for (bool moe : s.layer_is_moe)
-    if (moe != s.layer_is_moe.front())
-      fail("{}: a mix of dense and MoE layers is not written to GGUF by spill yet", model.where());
+  const bool sigmoid_moe = s.arch == Arch::DeepseekV3 || s.arch == Arch::Glm4Moe;
+  const bool gpt_oss = s.arch == Arch::GptOss;
+  // YaRN is written for the families whose llama.cpp graph reads it as spill computes it.
+  if (s.rope.kind != RopeKind::Default && !(s.rope.kind == RopeKind::Yarn && (sigmoid_moe || gpt_oss)))
+    fail("{}: {} RoPE scaling of a {} model is not written to GGUF by spill yet", model.where(),
+         s.rope.kind == RopeKind::Yarn ? "YaRN" : "this", arch_name(s.arch));
+  // DeepSeek-V3 / GLM-4.x: the first layers dense, the rest MoE (leading_dense_block_count); the
+  // other families: all one or the other.
+  int64_t leading_dense = 0;
+  while (leading_dense < s.n_layers && !s.layer_is_moe[size_t(leading_dense)]) ++leading_dense;
+  for (int64_t l = 0; l < s.n_layers; ++l)
+    if (s.layer_is_moe[size_t(l)] != (sigmoid_moe ? l >= leading_dense : s.layer_is_moe.front()))
+      fail("{}: layer {} is {} where llama.cpp's {} files can only say {}", model.where(), l,
+           s.layer_is_moe[size_t(l)] ? "MoE" : "dense", arch,
+           sigmoid_moe ? "'the first N layers are dense'" : "'every layer is MoE' or 'none is'");
+  if (s.arch == Arch::DeepseekV3 && !s.rope_interleaved)
+    fail("{}: rope_interleave = false: llama.cpp's deepseek2 rotates adjacent pairs, spill does not permute the rope "
+         "rows for it", model.where());
+  if (gpt_oss && (s.swiglu_alpha != 1.702 || s.swiglu_limit != 7.0))
+    fail("{}: swiglu alpha {} / limit {}: llama.cpp's gpt-oss graph has 1.702 / 7 built in, and GGUF has no key for "
+         "others", model.where(), s.swiglu_alpha, s.swiglu_limit);
+  // gpt-oss sliding layers: llama.cpp's rule is l % period < period - 1 (period 2 unless written).
+  int64_t swa_period = 0;
+  if (gpt_oss) {
+    for (int64_t period = 1; period <= s.n_layers + 1 && !swa_period; ++period) {
+      bool fits = true;
+      for (int64_t l = 0; l < s.n_layers; ++l) fits = fits && s.sliding(l) == (l % period < period - 1);
+      if (fits) swa_period = period;
+    }
+    if (!swa_period)
+      fail("{}: its sliding layers follow no period (l % p < p - 1), which is all llama.cpp's gpt-oss files can say",
+           model.where());
+  }
 
   gguf::Writer w;
   w.set("general.architecture", Value::string(arch));
@@ -183,25 +212,75 @@ void write_gguf(const Model& model, const std::string& path, const GgufExportOpt
   if (gen.contains("top_k") && gen["top_k"].is_number_integer())
     w.set("general.sampling.top_k", Value::i32(gen["top_k"].get<int32_t>()));
   const bool moe = s.n_experts > 0;
-  w.set(p + "block_count", Value::u32(uint32_t(s.n_layers)));
-  w.set(p + "context_length", Value::u32(uint32_t(s.max_position_embeddings)));
-  w.set(p + "embedding_length", Value::u32(uint32_t(s.hidden_size)));
-  // Mixtral and OLMoE experts are feed_forward_length wide in llama.cpp; qwen3moe has its own key.
-  const int64_t ff = moe && s.arch != Arch::Qwen3Moe ? s.moe_intermediate_size : s.intermediate_size;
-  w.set(p + "feed_forward_length", Value::u32(uint32_t(ff)));
-  w.set(p + "attention.head_count", Value::u32(uint32_t(s.n_heads)));
-  w.set(p + "attention.head_count_kv", Value::u32(uint32_t(s.n_kv_heads)));
+  auto u32 = [&](const char* key, int64_t v) { w.set(p + key, Value::u32(uint32_t(v))); };
+  u32("block_count", s.n_layers);
+  u32("context_length", s.max_position_embeddings);
+  u32("embedding_length", s.hidden_size);
+  // Mixtral and OLMoE experts are feed_forward_length wide in llama.cpp; the others have their own key.
+  const bool own_expert_width = s.arch == Arch::Qwen3Moe || sigmoid_moe || gpt_oss;
+  u32("feed_forward_length", moe && !own_expert_width ? s.moe_intermediate_size : s.intermediate_size);
+  u32("attention.head_count", s.n_heads);
+  // MLA is written as llama.cpp runs it: MQA over the one latent "head".
+  u32("attention.head_count_kv", s.attention == AttentionKind::Mla ? 1 : s.n_kv_heads);
   w.set(p + "rope.freq_base", Value::f32(float(s.rope.theta)));
   w.set(p + "attention.layer_norm_rms_epsilon", Value::f32(float(s.rms_norm_eps)));
   if (moe) {
-    w.set(p + "expert_count", Value::u32(uint32_t(s.n_experts)));
-    w.set(p + "expert_used_count", Value::u32(uint32_t(s.n_experts_per_token)));
-    if (s.arch == Arch::Qwen3Moe) w.set(p + "expert_feed_forward_length", Value::u32(uint32_t(s.moe_intermediate_size)));
+    u32("expert_count", s.n_experts);
+    u32("expert_used_count", s.n_experts_per_token);
+    if (own_expert_width) u32("expert_feed_forward_length", s.moe_intermediate_size);
     // What llama.cpp does by default: renormalise for qwen3moe and llama, not for olmoe.
-    if (s.norm_topk_prob != (s.arch != Arch::Olmoe)) w.set(p + "expert_weights_norm", Value::boolean(s.norm_topk_prob));
+    if (!sigmoid_moe && !gpt_oss && s.norm_topk_prob != (s.arch != Arch::Olmoe))
+      w.set(p + "expert_weights_norm", Value::boolean(s.norm_topk_prob));
   }
-  w.set(p + "attention.key_length", Value::u32(uint32_t(s.head_dim)));
-  w.set(p + "attention.value_length", Value::u32(uint32_t(s.head_dim)));
+  if (sigmoid_moe) {
+    u32("leading_dense_block_count", leading_dense);
+    u32("expert_shared_count", s.n_shared_experts);
+    // All groups chosen is no group limit; llama.cpp asserts fewer chosen groups than groups.
+    const bool grouped = s.router.topk_group < s.router.n_group;
+    u32("expert_group_count", grouped ? s.router.n_group : 1);
+    u32("expert_group_used_count", grouped ? s.router.topk_group : 1);
+    u32("expert_gating_func", 2);  // sigmoid
+    w.set(p + "expert_weights_scale", Value::f32(float(s.router.routed_scaling_factor)));
+    w.set(p + "expert_weights_norm", Value::boolean(s.norm_topk_prob));
+  }
+  if (s.attention == AttentionKind::Mla) {
+    const MlaSpec& m = s.mla;
+    // q_lora_rank 0 (no q compression) is written too: llama.cpp requires the key of every
+    // deepseek2 file but the "lite" shapes it recognises by layer count.
+    u32("attention.q_lora_rank", m.q_lora_rank);
+    u32("attention.kv_lora_rank", m.kv_lora_rank);
+    u32("attention.key_length", m.kv_lora_rank + m.qk_rope_head_dim);
+    u32("attention.value_length", m.kv_lora_rank);
+    u32("attention.key_length_mla", m.qk_head_dim());
+    u32("attention.value_length_mla", m.v_head_dim);
+    u32("rope.dimension_count", m.qk_rope_head_dim);
+    u32("vocab_size", s.vocab_size);
+  } else {
+    u32("attention.key_length", s.head_dim);
+    u32("attention.value_length", s.head_dim);
+  }
+  if (s.arch == Arch::Glm4Moe) u32("rope.dimension_count", s.rope_dims());
+  if (gpt_oss) {
+    u32("attention.sliding_window", s.sliding_window);
+    if (swa_period != 2) u32("attention.sliding_window_pattern", swa_period);
+  }
+  if (s.rope.kind == RopeKind::Yarn) {
+    w.set(p + "rope.scaling.type", Value::string("yarn"));
+    w.set(p + "rope.scaling.factor", Value::f32(float(s.rope.factor)));
+    u32("rope.scaling.original_context_length", s.rope.original_max_position);
+    w.set(p + "rope.scaling.yarn_beta_fast", Value::f32(float(s.rope.beta_fast)));
+    w.set(p + "rope.scaling.yarn_beta_slow", Value::f32(float(s.rope.beta_slow)));
+    // The cos/sin factor the reader assumes when the key is absent: 0.1 ln(factor) + 1, or 1 for deepseek2.
+    const double implied = s.arch == Arch::DeepseekV3 || s.rope.factor <= 1 ? 1.0 : 0.1 * std::log(s.rope.factor) + 1.0;
+    if (s.rope.attention_factor != implied)
+      w.set(p + "rope.scaling.attn_factor", Value::f32(float(s.rope.attention_factor)));
+    // DeepSeek's softmax scale is qk_head_dim^-0.5 m^2 with m = 0.1 mscale_all_dim ln(factor) + 1; the
+    // converter writes 0.1 mscale_all_dim = (m - 1) / ln(factor).
+    if (s.arch == Arch::DeepseekV3 && s.rope.factor > 1) {
+      const double m = std::sqrt(s.softmax_scale() * std::sqrt(double(s.mla.qk_head_dim())));
+      if (m != 1.0) w.set(p + "rope.scaling.yarn_log_multiplier", Value::f32(float((m - 1.0) / std::log(s.rope.factor))));
+    }
+  }
   if (arch == "llama") {
     w.set(p + "rope.dimension_count", Value::u32(uint32_t(s.head_dim)));
     w.set(p + "vocab_size", Value::u32(uint32_t(s.vocab_size)));
@@ -300,12 +379,56 @@ void write_gguf(const Model& model, const std::string& path, const GgufExportOpt
     w.add_tensor(name, first.dtype, shape, bytes.keep(std::move(out)));
   };
 
+  // MLA's kv_b [heads * (nope + v), kv_lora] split as the converter splits it for llama.cpp's
+  // absorbed attention: attn_k_b [heads, kv_lora, nope] (each head's key rows transposed) and
+  // attn_v_b [heads, v, kv_lora]. Moving values is exact for the float types kv_b is kept in.
+  auto add_mla_kv_b = [&](const std::string& b, const TensorView& kv_b) {
+    if (!dtype_is_float(kv_b.dtype))
+      fail("{}: the MLA kv_b of {} is {}; spill writes attn_k_b / attn_v_b from F32, BF16 or F16 only", model.where(),
+           b, dtype_name(kv_b.dtype));
+    const int64_t H = s.n_heads, L = s.mla.kv_lora_rank, nope = s.mla.qk_nope_head_dim, V = s.mla.v_head_dim;
+    const size_t es = size_t(dtype_traits(kv_b.dtype).block_bytes);
+    std::vector<uint8_t> k_b(size_t(H * L * nope) * es), v_b(size_t(H * V * L) * es);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t j = 0; j < nope; ++j) {
+        const uint8_t* row = kv_b.row_data(h * (nope + V) + j);
+        for (int64_t c = 0; c < L; ++c)
+          std::memcpy(k_b.data() + (size_t((h * L + c) * nope + j)) * es, row + size_t(c) * es, es);
+      }
+      for (int64_t j = 0; j < V; ++j)
+        std::memcpy(v_b.data() + size_t((h * V + j) * L) * es, kv_b.row_data(h * (nope + V) + nope + j), size_t(L) * es);
+    }
+    w.add_tensor(b + "attn_k_b.weight", kv_b.dtype, {H, L, nope}, bytes.keep(std::move(k_b)));
+    w.add_tensor(b + "attn_v_b.weight", kv_b.dtype, {H, V, L}, bytes.keep(std::move(v_b)));
+  };
+  // Expert biases [E, width] as F32 (exact), as ggml's add_id wants them.
+  auto add_expert_bias = [&](const std::string& name, const std::vector<ExpertWeights>& experts,
+                             TensorView ExpertWeights::*bias) {
+    const TensorView& first = experts.front().*bias;
+    if (first.empty()) return;
+    std::vector<uint8_t> out(size_t(first.numel()) * 4 * experts.size());
+    for (size_t e = 0; e < experts.size(); ++e)
+      quant::dequantize_row((experts[e].*bias).dtype, (experts[e].*bias).data,
+                            reinterpret_cast<float*>(out.data()) + e * size_t(first.numel()), first.numel());
+    w.add_tensor(name, DType::F32, {int64_t(experts.size()), first.numel()}, bytes.keep(std::move(out)));
+  };
+
   const bool tied = model.lm_head.data == model.embed.data;
   add("token_embd.weight", model.embed);
   for (int64_t l = 0; l < s.n_layers; ++l) {
     const LayerWeights& L = model.layers[size_t(l)];
     const std::string b = "blk." + std::to_string(l) + ".";
     add_f32(b + "attn_norm.weight", L.attn_norm);
+    if (s.attention == AttentionKind::Mla) {
+      add(b + "attn_q_a.weight", L.mla.q_a);
+      add_f32(b + "attn_q_a_norm.weight", L.mla.q_a_norm);
+      add(b + "attn_q_b.weight", L.mla.q_b);
+      add(b + "attn_q.weight", L.mla.q);
+      add(b + "attn_kv_a_mqa.weight", L.mla.kv_a);
+      add_f32(b + "attn_kv_a_norm.weight", L.mla.kv_a_norm);
+      add_mla_kv_b(b, L.mla.kv_b);
+      add(b + "attn_output.weight", L.mla.o);
+    }
     add_permuted(b + "attn_q.weight", L.q);
     add_permuted(b + "attn_k.weight", L.k);
     add(b + "attn_v.weight", L.v);
@@ -316,12 +439,22 @@ void write_gguf(const Model& model, const std::string& path, const GgufExportOpt
     add_f32(b + "attn_output.bias", L.o_bias);
     add_f32(b + "attn_q_norm.weight", L.q_norm);
     add_f32(b + "attn_k_norm.weight", L.k_norm);
-    add_f32(b + "ffn_norm.weight", L.mlp_norm);
+    add_f32(b + "attn_sinks.weight", L.sinks);
+    // glm4moe and gpt-oss name the norm before the MLP as transformers does.
+    add_f32(b + (s.arch == Arch::Glm4Moe || gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), L.mlp_norm);
     if (s.layer_is_moe[size_t(l)]) {
       add_f32(b + "ffn_gate_inp.weight", L.router);
+      add_f32(b + "ffn_gate_inp.bias", L.router_bias);
+      add_f32(b + "exp_probs_b.bias", L.router_correction_bias);
       add_experts(b + "ffn_gate_exps.weight", L.experts, &ExpertWeights::gate);
       add_experts(b + "ffn_up_exps.weight", L.experts, &ExpertWeights::up);
       add_experts(b + "ffn_down_exps.weight", L.experts, &ExpertWeights::down);
+      add_expert_bias(b + "ffn_gate_exps.bias", L.experts, &ExpertWeights::gate_bias);
+      add_expert_bias(b + "ffn_up_exps.bias", L.experts, &ExpertWeights::up_bias);
+      add_expert_bias(b + "ffn_down_exps.bias", L.experts, &ExpertWeights::down_bias);
+      add(b + "ffn_gate_shexp.weight", L.shared.gate);
+      add(b + "ffn_up_shexp.weight", L.shared.up);
+      add(b + "ffn_down_shexp.weight", L.shared.down);
     } else {
       add(b + "ffn_gate.weight", L.dense.gate);
       add(b + "ffn_up.weight", L.dense.up);
@@ -329,7 +462,8 @@ void write_gguf(const Model& model, const std::string& path, const GgufExportOpt
     }
   }
   add_f32("output_norm.weight", model.final_norm);
-  if (!tied) add("output.weight", model.lm_head);
+  // llama.cpp's gpt-oss graph needs output.weight even when the head is tied.
+  if (!tied || gpt_oss) add("output.weight", model.lm_head);
   w.write(path);
 }
 

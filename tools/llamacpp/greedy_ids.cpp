@@ -31,6 +31,12 @@ int main(int argc, char** argv) {
   cp.n_ctx = uint32_t(ids.size() + n_new + 8);
   cp.n_batch = cp.n_ctx;
   cp.n_threads = cp.n_threads_batch = 1;
+  // GREEDY_IDS_EXACT=1: F32 KV cache and no flash attention, so that an F32 file's logits differ from
+  // spill's only by fp32 rounding in another order (the default F16 cache rounds K and V to 11 bits).
+  if (const char* exact = std::getenv("GREEDY_IDS_EXACT"); exact && std::string(exact) == "1") {
+    cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  }
   llama_context* ctx = llama_init_from_model(model, cp);
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   std::vector<llama_token> all = ids;
