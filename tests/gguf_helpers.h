@@ -172,14 +172,15 @@ inline void hf_to_gguf(const std::string& hf_dir, const std::string& out, const 
 // Float32 logits of every position of `ids`.
 inline std::vector<float> all_logits(const Model& model, const std::vector<int32_t>& ids) {
   const int32_t block_size = 16;
-  KvCacheConfig kv{.block_size = block_size, .n_blocks = (int64_t(ids.size()) + block_size - 1) / block_size};
+  const int64_t blocks = (int64_t(ids.size()) + block_size - 1) / block_size;
+  // A table per KV group (gpt-oss's sliding layers have their own).
+  const HandBuiltTables tables = hand_built_tables(model.spec(), blocks);
+  KvCacheConfig kv{.block_size = block_size, .n_blocks = hand_built_pool_blocks(model.spec(), blocks)};
   auto runner = make_cpu_runner(model, kv, 1);
-  std::vector<int32_t> table(static_cast<size_t>(kv.n_blocks));
-  std::iota(table.begin(), table.end(), 0);
   ForwardBatch batch;
   batch.tokens = ids;
-  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .block_table = table,
-                        .want_logits = true});
+  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .want_logits = true});
+  tables.attach(batch.seqs.back());
   batch.all_logits = true;
   std::vector<float> logits;
   runner->forward(batch, logits);
