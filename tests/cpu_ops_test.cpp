@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -323,6 +324,158 @@ TEST(PagedAttention, MatchesContiguousReference) {
         ASSERT_NEAR(out[size_t((t * n_heads + h) * D + j)], ref, 1e-5) << "t=" << t << " h=" << h;
       }
     }
+}
+
+// A sequence long enough for many of the kernel's 32-position tiles, written in three steps (a
+// prefill chunk that ends mid-tile, one decode-sized token, the rest), against float64 causal
+// attention: head_dim 64 (the vector path) and 12 (padded), with a window that crosses tile
+// boundaries, with sinks. Tolerance per (token, head) from the fp32 arithmetic, as for the CUDA
+// twin: each score is off by at most ds = 2 gamma(D + 2) max_p |q||k| scale, each weight then by
+// ~2 ds relative, plus the roundings of exp and of the sums over n_pos terms; times max |v|. A
+// wrong position, mask or rescale errs by O(0.1).
+struct LongAttentionCase {
+  int64_t D;
+  int32_t window;
+  bool sinks;
+};
+class PagedAttentionLong : public ::testing::TestWithParam<LongAttentionCase> {};
+
+TEST_P(PagedAttentionLong, ManyTilesMatchFloat64) {
+  const LongAttentionCase tc = GetParam();
+  const int64_t D = tc.D, n_heads = 6, n_kv = 2, group = n_heads / n_kv;
+  const int32_t block_size = 5, total_len = 150;
+  const int32_t steps[] = {0, 45, 46, total_len};  // [0, 45), [45, 46), [46, 150)
+  std::mt19937 rng(uint32_t(D * 131 + tc.window * 7 + tc.sinks));
+  const auto q = random_vector(size_t(total_len * n_heads * D), rng);
+  const auto k = random_vector(size_t(total_len * n_kv * D), rng);
+  const auto v = random_vector(size_t(total_len * n_kv * D), rng);
+  const auto sinks = random_vector(size_t(n_heads), rng);
+  const int32_t n_blocks = total_len / block_size + 3;
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  for (int32_t b = 0; b < n_blocks; ++b) table[size_t(b)] = (b * 13) % n_blocks;  // 13 is prime to 33: a permutation
+  std::vector<float> kc(static_cast<size_t>(n_blocks * block_size * n_kv * D), NAN), vc = kc;
+  spill::cpu::PagedKv kv{kc.data(), vc.data(), block_size, n_kv, D};
+  spill::ThreadPool pool(3);
+  const float scale = 0.2f;
+  const spill::cpu::AttentionParams params{.scale = scale, .window = tc.window, .sinks = tc.sinks ? sinks.data() : nullptr};
+  std::vector<float> out(static_cast<size_t>(total_len * n_heads * D), NAN);
+  for (int s = 0; s + 1 < 4; ++s) {
+    const int32_t start = steps[s], n = steps[s + 1] - steps[s];
+    const spill::cpu::AttentionChunk c{0, n, start, table};
+    spill::cpu::paged_attention(pool, kv, {&c, 1}, q.data() + start * n_heads * D, k.data() + start * n_kv * D,
+                                v.data() + start * n_kv * D, n_heads, out.data() + start * n_heads * D, params);
+  }
+  const double u = std::ldexp(1.0, -24);
+  auto gamma = [&](double n) { return n * u / (1 - n * u); };
+  for (int32_t t = 0; t < total_len; ++t)
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t kvh = h / group;
+      const int32_t lo = tc.window > 0 ? std::max(0, t - tc.window + 1) : 0;
+      std::vector<double> s;
+      double mx = tc.sinks ? sinks[size_t(h)] : -1e300, max_qk = 0, max_v = 0;
+      for (int32_t p = lo; p <= t; ++p) {
+        double d = 0, a = 0;
+        for (int64_t j = 0; j < D; ++j) {
+          const double prod = double(q[size_t((t * n_heads + h) * D + j)]) * k[size_t((p * n_kv + kvh) * D + j)];
+          d += prod;
+          a += std::fabs(prod);
+          max_v = std::max(max_v, std::fabs(double(v[size_t((p * n_kv + kvh) * D + j)])));
+        }
+        s.push_back(d * scale);
+        max_qk = std::max(max_qk, a * scale);
+        mx = std::max(mx, s.back());
+      }
+      double den = tc.sinks ? std::exp(sinks[size_t(h)] - mx) : 0;
+      for (double& e : s) den += e = std::exp(e - mx);
+      const double ds = 2 * gamma(double(D + 2)) * max_qk;
+      const double bound = (4 * ds + 2 * gamma(2.0 * double(s.size()) + 16) + 16 * u) * max_v;
+      for (int64_t j = 0; j < D; ++j) {
+        double ref = 0;
+        for (int32_t p = lo; p <= t; ++p) ref += s[size_t(p - lo)] / den * v[size_t((p * n_kv + kvh) * D + j)];
+        ASSERT_NEAR(out[size_t((t * n_heads + h) * D + j)], ref, bound) << "t=" << t << " h=" << h << " d=" << j;
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionLong,
+                         ::testing::Values(LongAttentionCase{64, 0, false}, LongAttentionCase{64, 37, true},
+                                           LongAttentionCase{12, 0, true}, LongAttentionCase{12, 70, false}));
+
+// The batch invariance the engine relies on, for attention: a token's output is bit-identical
+// whether its sequence is prefilled in one chunk, fed one token per step, or computed in a step
+// shared with another sequence's chunk and a decode token (other block tables, other lengths),
+// and whatever the number of threads. Queries of one step are blocked together in the kernel, so
+// this fails if a query's arithmetic depends on its neighbours.
+TEST(PagedAttention, TokenResultIndependentOfBatch) {
+  const int64_t D = 64, n_heads = 4, n_kv = 2;
+  const int32_t block_size = 16, len = 100;
+  for (const int32_t window : {0, 29}) {
+    std::mt19937 rng(uint32_t(17 + window));
+    const auto q = random_vector(size_t(len * n_heads * D), rng);
+    const auto k = random_vector(size_t(len * n_kv * D), rng);
+    const auto v = random_vector(size_t(len * n_kv * D), rng);
+    const spill::cpu::AttentionParams params{.window = window};
+    const int32_t seq_blocks = (len + block_size - 1) / block_size;
+    // Sequence A in blocks [0, seq_blocks), reversed; B (another prompt) after it.
+    std::vector<int32_t> table_a(static_cast<size_t>(seq_blocks)), table_b(static_cast<size_t>(seq_blocks));
+    for (int32_t b = 0; b < seq_blocks; ++b) {
+      table_a[size_t(b)] = seq_blocks - 1 - b;
+      table_b[size_t(b)] = seq_blocks + b;
+    }
+    const size_t cache_floats = size_t(2 * seq_blocks * block_size * n_kv * D);
+    auto run = [&](int threads, auto&& feed) {
+      std::vector<float> kc(cache_floats, 0.0f), vc(cache_floats, 0.0f), out(size_t(len * n_heads * D), NAN);
+      spill::cpu::PagedKv kv{kc.data(), vc.data(), block_size, n_kv, D};
+      spill::ThreadPool pool(threads);
+      feed(pool, kv, out);
+      return out;
+    };
+    // A alone, one chunk.
+    const auto one_chunk = run(1, [&](spill::ThreadPool& pool, const spill::cpu::PagedKv& kv, std::vector<float>& out) {
+      const spill::cpu::AttentionChunk c{0, len, 0, table_a};
+      spill::cpu::paged_attention(pool, kv, {&c, 1}, q.data(), k.data(), v.data(), n_heads, out.data(), params);
+    });
+    // A one token per step.
+    const auto per_token = run(2, [&](spill::ThreadPool& pool, const spill::cpu::PagedKv& kv, std::vector<float>& out) {
+      for (int32_t t = 0; t < len; ++t) {
+        const spill::cpu::AttentionChunk c{0, 1, t, table_a};
+        spill::cpu::paged_attention(pool, kv, {&c, 1}, q.data() + t * n_heads * D, k.data() + t * n_kv * D,
+                                    v.data() + t * n_kv * D, n_heads, out.data() + t * n_heads * D, params);
+      }
+    });
+    // A in chunks of 7 (ends mid-tile), each step shared with B: B's prompt (other data: A's
+    // tokens in reverse) in one chunk at step 0, then B decoding one token per step.
+    const auto shared = run(3, [&](spill::ThreadPool& pool, const spill::cpu::PagedKv& kv, std::vector<float>& out) {
+      const int64_t b_prompt = 40;
+      int64_t b_len = 0;
+      for (int32_t start = 0; start < len; start += 7) {
+        const int32_t n = std::min(7, len - start);
+        const int32_t b_n = b_len == 0 ? int32_t(b_prompt) : 1;
+        // Step inputs: B's tokens first, then A's.
+        std::vector<float> sq, sk, sv;
+        for (int32_t i = 0; i < b_n; ++i) {
+          const int32_t src = len - 1 - int32_t(b_len + i);
+          sq.insert(sq.end(), q.begin() + src * n_heads * D, q.begin() + (src + 1) * n_heads * D);
+          sk.insert(sk.end(), k.begin() + src * n_kv * D, k.begin() + (src + 1) * n_kv * D);
+          sv.insert(sv.end(), v.begin() + src * n_kv * D, v.begin() + (src + 1) * n_kv * D);
+        }
+        sq.insert(sq.end(), q.begin() + start * n_heads * D, q.begin() + (start + n) * n_heads * D);
+        sk.insert(sk.end(), k.begin() + start * n_kv * D, k.begin() + (start + n) * n_kv * D);
+        sv.insert(sv.end(), v.begin() + start * n_kv * D, v.begin() + (start + n) * n_kv * D);
+        const spill::cpu::AttentionChunk chunks[] = {{0, b_n, int32_t(b_len), table_b}, {b_n, n, start, table_a}};
+        std::vector<float> step_out(sq.size());
+        spill::cpu::paged_attention(pool, kv, chunks, sq.data(), sk.data(), sv.data(), n_heads, step_out.data(), params);
+        std::copy(step_out.begin() + b_n * n_heads * D, step_out.end(), out.begin() + start * n_heads * D);
+        b_len += b_n;
+      }
+    });
+    for (size_t i = 0; i < one_chunk.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&one_chunk[i], &per_token[i], 4), 0)
+          << "one chunk vs one token per step, window " << window << " token " << i / size_t(n_heads * D);
+      ASSERT_EQ(std::memcmp(&one_chunk[i], &shared[i], 4), 0)
+          << "one chunk vs steps shared with another sequence, window " << window << " token " << i / size_t(n_heads * D);
+    }
+  }
 }
 
 TEST(RouteTopk, SoftmaxTopkRenormalise) {

@@ -63,6 +63,8 @@ struct AccessLog {
   Clock::time_point start = Clock::now();
   int64_t prompt_tokens = -1;
   int64_t completion_tokens = -1;
+  int64_t cached_tokens = -1;  // prompt tokens the prefix cache held (the first choice's), once known
+  double ttft_ms = -1;         // the first choice's time to first token: mostly prefill
 };
 thread_local AccessLog t_access_log;
 
@@ -434,6 +436,8 @@ void HttpServer::install_routes() {
     const AccessLog& log = t_access_log;
     std::string tokens;
     if (log.prompt_tokens >= 0) tokens = fmt::format(" prompt={} completion={}", log.prompt_tokens, std::max<int64_t>(0, log.completion_tokens));
+    if (log.cached_tokens >= 0) tokens += fmt::format(" cached={}", log.cached_tokens);
+    if (log.ttft_ms >= 0) tokens += fmt::format(" ttft={:.0f}ms", log.ttft_ms);
     fmt::print(stderr, "spill: {} {} {}{} {:.0f}ms\n", req.method, req.path, res.status, tokens, seconds_since(log.start) * 1e3);
     const bool generation = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
                             req.path == "/v1/messages" || req.path == "/v1/responses";
@@ -650,6 +654,10 @@ std::vector<RequestStream> HttpServer::submit_all(std::vector<GenerationRequest>
 }
 
 void HttpServer::record_finish(const RequestFinish& finish, const std::string& reason, const ChoiceTiming& timing) {
+  if (t_access_log.cached_tokens < 0) {
+    t_access_log.cached_tokens = finish.cached_tokens;
+    t_access_log.ttft_ms = finish.timings.ttft_ms;
+  }
   metrics_.record_finished(FinishedRequestStats{
       .finish_reason = reason,
       .prompt_tokens = finish.prompt_tokens,
