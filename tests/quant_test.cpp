@@ -271,9 +271,13 @@ class DotQ8Test : public ::testing::TestWithParam<DType> {};
 // The bound of quant.h's accuracy contract, against a float64 dot of the dequantized row with the
 // original f32 x: sum_i |w_i| |x_i - x'_i| for the activation rounding (x'_i = d_b q_i, computed
 // here in float64, so that term is exact), plus (nb + 12) u sum_i (|d_j q_i| + |m_j|) |x'_i| for
-// the float combination: per block the product d * float(sum) and the min's (3 roundings, and one
-// for float(sum) of an int32 above 2^24), the block's d_x (1), Q8_0's 8 inner terms (8), nb adds
-// into the total, and the reference's own 2 roundings of each dequantized weight.
+// the float combination in dot_q8_paths.h's order, counting the roundings a term passes through:
+// float() of a lane above 2^24 (1); for the K-quants the scale product d * d_x (1), <= nb fused
+// multiply-adds into the lane (its own and one per later 256-block), the mins' subtraction (1);
+// for Q8_0 and the signed legacy formats an inner chain of <= 4 fused multiply-adds and the two
+// chains' sum (5), then <= nb fused multiply-adds into the lane; Q4_1/Q5_1 (summed per block) the
+// product d * float(sum) and the min's (3), 8 inner terms, the block's d_x (1) and nb adds; the
+// eight lanes' sum (3); and the reference's own 2 roundings of each dequantized weight.
 TEST_P(DotQ8Test, WithinTheActivationRoundingBound) {
   const DType t = GetParam();
   std::mt19937 rng(17);

@@ -184,9 +184,13 @@ void CpuRunner::gqa_attention(const LayerWeights& w, int64_t l, std::span<const 
   const int64_t Q = spec_.q_dim(), KV = spec_.kv_dim();
   std::vector<float> q(static_cast<size_t>(n * Q)), k(static_cast<size_t>(n * KV)), v(static_cast<size_t>(n * KV)),
       attn(static_cast<size_t>(n * Q));
-  cpu::matmul(pool_, h, n, w.q, q.data(), &w.q_bias);
-  cpu::matmul(pool_, h, n, w.k, k.data(), &w.k_bias);
-  cpu::matmul(pool_, h, n, w.v, v.data(), &w.v_bias);
+  // q, k and v in one loop of the thread pool, over one rounding of h (cpu::matmul_jobs).
+  std::vector<const float*> rows(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) rows[size_t(t)] = h + t * spec_.hidden_size;
+  const cpu::MatmulJob qkv[3] = {{&w.q, rows.data(), n, q.data(), &w.q_bias},
+                                 {&w.k, rows.data(), n, k.data(), &w.k_bias},
+                                 {&w.v, rows.data(), n, v.data(), &w.v_bias}};
+  cpu::matmul_jobs(pool_, qkv);
   if (spec_.qk_norm == QkNorm::PerHead) {
     cpu::rmsnorm(q.data(), n * n_heads, D, w.q_norm, spec_.rms_norm_eps, q.data());
     cpu::rmsnorm(k.data(), n * n_kv, D, w.k_norm, spec_.rms_norm_eps, k.data());

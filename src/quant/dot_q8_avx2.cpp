@@ -1,6 +1,10 @@
 // The AVX2 integer kernels of dot_q8: unsigned quants times signed int8 activations with maddubs
 // (pairs into int16, which cannot overflow: at most 2 * 63 * 127), then madd with the sub-block
-// scales into int32, one horizontal sum per block. Exact, so equal to dot_q8_scalar.cpp's sums.
+// scales into the eight int32 lanes of dot_q8_paths.h (exact, so equal to dot_q8_scalar.cpp's),
+// combined with the float scales in registers in that header's order.
+#include <algorithm>
+#include <cmath>
+
 #include "quant/dot_q8_paths.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -34,30 +38,54 @@ inline __m256i q8_0_products(const BlockQ8_0& b, const int8_t* q) {
   return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-void q8_0(const BlockQ8_0* w, const int8_t* q, int64_t nb, int32_t* out) {
-  int64_t i = 0;
-  // Four blocks' sums at once: three horizontal adds leave block k's two half-sums in lanes k
-  // and k + 4.
-  for (; i + 4 <= nb; i += 4, q += 128) {
-    const __m256i p0 = q8_0_products(w[i], q), p1 = q8_0_products(w[i + 1], q + 32);
-    const __m256i p2 = q8_0_products(w[i + 2], q + 64), p3 = q8_0_products(w[i + 3], q + 96);
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), s);
-  }
-  for (; i < nb; ++i, q += 32) out[i] = hsum(q8_0_products(w[i], q));
+// The float part of dot_q8_paths.h's order, in registers.
+inline float half(uint16_t h) { return _cvtsh_ss(h); }  // exact, as f16_to_f32
+inline float reduce(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return reduce8(lanes);
 }
 
+// Q8_0 and the signed legacy formats: products(block, q) gives the block's eight int32 lanes.
+template <class Block, class Products>
+float row_signed(const Block* w, const int8_t* q, const float* dx, int64_t nb, Products products) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int64_t end = std::min(nb, b0 + 8);
+    __m256 in0 = _mm256_setzero_ps(), in1 = _mm256_setzero_ps();
+    int64_t b = b0;
+    for (; b + 2 <= end; b += 2) {
+      in0 = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d)), _mm256_cvtepi32_ps(products(w[b], q + 32 * b)), in0);
+      in1 = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b + 1].d)), _mm256_cvtepi32_ps(products(w[b + 1], q + 32 * b + 32)),
+                            in1);
+    }
+    if (b < end)  // b is even: chain 0
+      in0 = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d)), _mm256_cvtepi32_ps(products(w[b], q + 32 * b)), in0);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dx[b0 / 8]), _mm256_add_ps(in0, in1), acc);
+  }
+  return reduce(acc);
+}
+
+float row_q8_0(const BlockQ8_0* w, const int8_t* q, const float* dx, int64_t nb) {
+  return row_signed(w, q, dx, nb, [](const BlockQ8_0& b, const int8_t* x) { return q8_0_products(b, x); });
+}
+
+// 16 copies of int16 lane j of each 128-bit half of v.
+inline __m256i spread16(__m256i v, int j) { return _mm256_shuffle_epi8(v, _mm256_set1_epi16(short(0x0100 + 0x0202 * j))); }
+
 template <bool kFiveBit, class Block>
-void q45_k(const Block* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out) {
+float row_q45_k(const Block* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, q += kSuperBlock, s16 += 16) {
     uint64_t sc, m;
     scale_min_words_k4(w[i].scales, sc, m);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFiveBit) qh = load32(w[i].qh);
-    __m256i acc = _mm256_setzero_si256();
-    for (int p = 0; p < 4; ++p) {
+    __m256i lanes = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {  // unrolled: the scales' shuffle masks become constants
       const __m256i bytes = load32(w[i].qs + 32 * p);
       __m256i lo = _mm256_and_si256(bytes, low4);
       __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
@@ -68,45 +96,108 @@ void q45_k(const Block* w, const int8_t* q, const int16_t* s16, int64_t nb, int3
       }
       const __m256i plo = _mm256_maddubs_epi16(lo, load32(q + 64 * p));
       const __m256i phi = _mm256_maddubs_epi16(hi, load32(q + 64 * p + 32));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(short((sc >> (16 * p)) & 0xFF))));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(short((sc >> (16 * p + 8)) & 0xFF))));
+      lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(plo, spread16(scales, 2 * p)));
+      lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(phi, spread16(scales, 2 * p + 1)));
     }
-    // sum_j m_j (s16[2j] + s16[2j+1]): the mins widened to int16 and each doubled into a pair.
+    // Lane l: m_l (s16[2l] + s16[2l+1]), the mins widened to int16 and each doubled into a pair.
     const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
     const __m256i mpairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-    out[2 * i] = hsum(acc);
-    out[2 * i + 1] = hsum(_mm256_madd_epi16(load32(s16), mpairs));
+    const __m256i min_lanes = _mm256_madd_epi16(load32(s16), mpairs);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[i].d) * dx[i]), _mm256_cvtepi32_ps(lanes), acc);
+    macc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[i].dmin) * dx[i]), _mm256_cvtepi32_ps(min_lanes), macc);
   }
+  return reduce(_mm256_sub_ps(acc, macc));
 }
 
-void q4_k(const BlockQ4_K* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out) {
-  q45_k<false>(w, q, s16, nb, out);
+float row_q4_k(const BlockQ4_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
+  return row_q45_k<false>(w, q, s16, dx, nb);
 }
-void q5_k(const BlockQ5_K* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out) {
-  q45_k<true>(w, q, s16, nb, out);
+float row_q5_k(const BlockQ5_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
+  return row_q45_k<true>(w, q, s16, dx, nb);
 }
 
-void q6_k(const BlockQ6_K* w, const int8_t* q, const int16_t* s16, int64_t nb, int32_t* out) {
+float row_q6_k(const BlockQ6_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+  const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, q += kSuperBlock, s16 += 16) {
-    __m256i acc = _mm256_setzero_si256();
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].scales));
+    // Low half: the even sub-blocks' scales as int16, high half the odd ones: chunk c's pair.
+    const __m128i eo = _mm_shuffle_epi8(sc8, evens_odds);
+    const __m256i pairs = _mm256_set_m128i(_mm_cvtepi8_epi16(_mm_srli_si128(eo, 8)), _mm_cvtepi8_epi16(eo));
+    __m256i lanes = _mm256_setzero_si256();
+#pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = load32(w[i].ql + 64 * h), ql1 = load32(w[i].ql + 64 * h + 32);
       const __m256i qh = load32(w[i].qh + 32 * h);
       const __m256i lows[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+#pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
         const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), two);
         const __m256i v = _mm256_or_si256(lows[k], _mm256_slli_epi16(top, 4));
         const __m256i p = _mm256_maddubs_epi16(v, load32(q + 128 * h + 32 * k));
-        // Bytes 0-15 are sub-block 8h + 2k, bytes 16-31 the next one.
-        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(w[i].scales[8 * h + 2 * k + 1]),
-                                               _mm_set1_epi16(w[i].scales[8 * h + 2 * k]));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));
+        lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(p, spread16(pairs, 4 * h + k)));
       }
     }
-    out[i] = hsum(acc) - offset_term_q6(w[i].scales, s16);
+    // The stored offset: lane l takes 32 (sc_2l s16[2l] + sc_2l+1 s16[2l+1]).
+    const __m256i offset = _mm256_madd_epi16(load32(s16), _mm256_cvtepi8_epi16(sc8));
+    lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(offset, 5));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[i].d) * dx[i]), _mm256_cvtepi32_ps(lanes), acc);
+  }
+  return reduce(acc);
+}
+
+float amax(const float* x, int64_t n, float* poison) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), zero = _mm256_setzero_ps();
+  __m256 m = zero, p = zero;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    m = _mm256_max_ps(m, _mm256_and_ps(v, abs_mask));
+    p = _mm256_add_ps(p, _mm256_mul_ps(v, zero));
+  }
+  alignas(32) float ml[8], pl[8];
+  _mm256_store_ps(ml, m);
+  _mm256_store_ps(pl, p);
+  float mx = 0.0f, ps = 0.0f;
+  for (int l = 0; l < 8; ++l) {
+    mx = std::max(mx, ml[l]);
+    ps += pl[l];
+  }
+  for (; i < n; ++i) {
+    mx = std::max(mx, std::fabs(x[i]));
+    ps += x[i] * 0.0f;
+  }
+  *poison = ps;
+  return mx;
+}
+
+void round(const float* x, int64_t n, float inv, int8_t* q) {
+  const __m256 scale = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  auto quants = [&](const float* p) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(p), scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+  };
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    // packs interleave the 128-bit halves; the permute puts the 32 bytes back in order.
+    const __m256i a = _mm256_packs_epi32(quants(x + i), quants(x + i + 8));
+    const __m256i b = _mm256_packs_epi32(quants(x + i + 16), quants(x + i + 24));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), bytes);
+  }
+  for (; i < n; ++i) q[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+}
+
+void sum16(const int8_t* q, int64_t n16, int16_t* out) {
+  // Biased to unsigned (q + 128), summed by sad per 8 bytes, the bias taken off: 16 * 128.
+  const __m128i bias = _mm_set1_epi8(char(0x80));
+  for (int64_t j = 0; j < n16; ++j) {
+    const __m128i u = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * j)), bias);
+    const __m128i s = _mm_sad_epu8(u, _mm_setzero_si128());
+    out[j] = int16_t(_mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 2048);
   }
 }
 
@@ -149,16 +240,16 @@ void legacy(const Block* w, const int8_t* q, int64_t nb, int32_t* out, Products 
   for (; i < nb; ++i, q += 32) out[i] = hsum(products(w[i], q));
 }
 
-void q4_0(const BlockQ4_0* w, const int8_t* q, int64_t nb, int32_t* out) {
-  legacy(w, q, nb, out, [](const BlockQ4_0& b, const int8_t* x) {
+float row_q4_0(const BlockQ4_0* w, const int8_t* q, const float* dx, int64_t nb) {
+  return row_signed(w, q, dx, nb, [](const BlockQ4_0& b, const int8_t* x) {
     return signed_products(_mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)), x);
   });
 }
 void q4_1(const BlockQ4_1* w, const int8_t* q, int64_t nb, int32_t* out) {
   legacy(w, q, nb, out, [](const BlockQ4_1& b, const int8_t* x) { return unsigned_products(nibbles32(b.qs), x); });
 }
-void q5_0(const BlockQ5_0* w, const int8_t* q, int64_t nb, int32_t* out) {
-  legacy(w, q, nb, out, [](const BlockQ5_0& b, const int8_t* x) {
+float row_q5_0(const BlockQ5_0* w, const int8_t* q, const float* dx, int64_t nb) {
+  return row_signed(w, q, dx, nb, [](const BlockQ5_0& b, const int8_t* x) {
     const __m256i v = _mm256_or_si256(nibbles32(b.qs), fifth_bits(b.qh));
     return signed_products(_mm256_sub_epi8(v, _mm256_set1_epi8(16)), x);
   });
@@ -168,16 +259,17 @@ void q5_1(const BlockQ5_1* w, const int8_t* q, int64_t nb, int32_t* out) {
     return unsigned_products(_mm256_or_si256(nibbles32(b.qs), fifth_bits(b.qh)), x);
   });
 }
-void iq4_nl(const BlockIQ4_NL* w, const int8_t* q, int64_t nb, int32_t* out) {
+float row_iq4_nl(const BlockIQ4_NL* w, const int8_t* q, const float* dx, int64_t nb) {
   const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
-  legacy(w, q, nb, out, [&](const BlockIQ4_NL& b, const int8_t* x) {
+  return row_signed(w, q, dx, nb, [&](const BlockIQ4_NL& b, const int8_t* x) {
     return signed_products(_mm256_shuffle_epi8(table, nibbles32(b.qs)), x);
   });
 }
 
 }  // namespace
 
-const Q8Kernels kQ8Avx2 = {q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl};
+const Q8Kernels kQ8Avx2 = {row_q8_0,   row_q4_k, row_q5_k, row_q6_k, row_q4_0, row_q5_0,
+                           row_iq4_nl, q4_1,     q5_1,     amax,     round,    sum16};
 
 }  // namespace spill::quant::detail
 

@@ -73,9 +73,10 @@ float dot_on(KernelPath p, DType t, const void* row, const float* x, int64_t n);
 // Accuracy contract. quantize_activations_q8 stores, per block b of x, d_b = max_i |x_i| / 127
 // and q_i = round(x_i / d_b) in [-127, 127], so x'_i = d_b q_i differs from x_i by at most
 // d_b / 2 (plus the f32 rounding of 127 / max and of x_i * that, a few ulp of x_i). dot_q8 then
-// computes sum_i w_i x'_i with every integer product and per-block sum exact (so the scalar and
-// AVX2 kernels give the same bits by construction; the AVX-512 choice runs the AVX2 integer
-// kernels), and the float scales combined in one order shared by every path. Against the exact
+// computes sum_i w_i x'_i with every integer product and per-lane sum exact (so the scalar and
+// AVX2 kernels give the same bits by construction; the AVX-512 choice runs the AVX2 kernels),
+// and the float scales combined in one order shared by every path (dot_q8_paths.h: eight lanes,
+// each a chain of fused multiply-adds over the row's blocks, summed at the end). Against the exact
 // sum_i w_i x_i of the dequantized row w and the original x, the error is at most
 //   sum_i |w_i| |x_i - x'_i|  (<= sum_i |w_i| d_b(i) / 2)          the activation rounding,
 //   + (nb + 12) u sum_i (|d_j q_i| + |m_j|) |x'_i|                 the float combination,
@@ -100,16 +101,20 @@ void quantize_activations_q8(const float* x, int64_t n, ActivationsQ8& out);
 // The formats dot_q8 has an integer kernel for (Q8_0, Q4_K, Q6_K, Q5_K, and the legacy Q4_0,
 // Q4_1, Q5_0, Q5_1, IQ4_NL). The others keep dot().
 bool has_dot_q8(DType t);
-// The formats the CPU matmul takes dot_q8 for by default (Q4_K, Q5_K, Q6_K: 1.5-3x their f32
-// kernels). Q8_0 stays on f32: its f32 kernel is already one convert and one fma per weight, and
-// its q8 kernel measured slower (docs/perf/cpu-q8-activations-2026-12-01.md); it now sums four
-// blocks per horizontal add and is still to be re-measured. The legacy 32-weight formats stay on
-// f32 too: their q8 kernels measured no faster on AVX2 (docs/perf/quant-speed-legacy-2026-12-01.md).
+// The formats the CPU matmul takes dot_q8 for by default: those whose kernels apply the float
+// scales in registers, lane by lane (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, IQ4_NL: 1.6-4x their
+// f32 kernels per CPU second, docs/perf/cpu-decode-2026-12-01.md). Q4_1 / Q5_1 keep f32: their
+// q8 kernels sum per block and measured no faster (docs/perf/quant-speed-legacy-2026-12-01.md).
 bool prefer_dot_q8(DType t);
 
 // sum_i dequantize(row)[i] * x'_i over a.n weights (see the accuracy contract above). Throws
 // spill::Error for a format without a q8 kernel or a row that is not whole blocks.
 float dot_q8(DType t, const void* row, const ActivationsQ8& a);
+// dot_q8 for many rows of one matrix: fn(row, a) == dot_q8(t, row, a) bit for bit, for any a with
+// a.n == n, with the format, the row length and the kernel build resolved once. Throws
+// spill::Error as dot_q8 does (format without a q8 kernel, n not whole blocks).
+using DotQ8Row = float (*)(const void* row, const ActivationsQ8& a);
+DotQ8Row dot_q8_row(DType t, int64_t n);
 // dot_q8 on a given path (Scalar, or Avx2 / Avx512, which share the AVX2 integer kernels); for the
 // tests and benchmarks. Throws spill::Error if this CPU cannot run it.
 float dot_q8_on(KernelPath p, DType t, const void* row, const ActivationsQ8& a);

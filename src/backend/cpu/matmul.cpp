@@ -48,6 +48,21 @@ float dot_row(const float* x, const TensorView& w, int64_t row) {
   return quant::dot(w.dtype, w.row_data(row), x, w.cols());
 }
 
+namespace {
+
+void add_bias(const TensorView& bias, int64_t n, int64_t M, float* y) {
+  if (bias.empty()) return;
+  std::vector<float> b(static_cast<size_t>(M));
+  TensorView bv = bias;
+  bv.ndim = 2;
+  bv.shape = {1, M, 0, 0};
+  load_row(bv, 0, b.data());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t m = 0; m < M; ++m) y[t * M + m] += b[size_t(m)];
+}
+
+}  // namespace
+
 void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, float* y, const TensorView* bias) {
   const int64_t M = w.rows(), K = w.cols();
   if (!row_fits(w.dtype, K))
@@ -60,17 +75,11 @@ void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, fl
   // widened twin.
   const bool widen = n > 1 && (w.dtype == DType::F16 || w.dtype == DType::BF16);
   if (activation_mode() == ActivationMode::Q8 && quant::prefer_dot_q8(w.dtype)) {
-    // Each token rounded once, alone (so its result is the same in any batch), for every row.
-    thread_local std::vector<quant::ActivationsQ8> acts;
-    if (acts.size() < size_t(n)) acts.resize(size_t(n));
-    for (int64_t t = 0; t < n; ++t) quant::quantize_activations_q8(x + t * K, K, acts[size_t(t)]);
-    const quant::ActivationsQ8* a = acts.data();
-    pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; ++m) {
-        const void* row = w.row_data(m);
-        for (int64_t t = 0; t < n; ++t) y[t * M + m] = quant::dot_q8(w.dtype, row, a[t]);
-      }
-    });
+    thread_local std::vector<const float*> rows;
+    rows.resize(size_t(n));
+    for (int64_t t = 0; t < n; ++t) rows[size_t(t)] = x + t * K;
+    const MatmulJob job{.w = &w, .x = rows.data(), .n = n, .y = y, .bias = nullptr};
+    matmul_jobs(pool, {&job, 1});
   } else {
     pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
     std::vector<float> row;
@@ -85,15 +94,78 @@ void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, fl
     }
     });
   }
-  if (bias && !bias->empty()) {
-    std::vector<float> b(static_cast<size_t>(M));
-    TensorView bv = *bias;
-    bv.ndim = 2;
-    bv.shape = {1, M, 0, 0};
-    load_row(bv, 0, b.data());
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t m = 0; m < M; ++m) y[t * M + m] += b[size_t(m)];
+  if (bias) add_bias(*bias, n, M, y);
+}
+
+void matmul_jobs(ThreadPool& pool, std::span<const MatmulJob> jobs) {
+  const bool q8_mode = activation_mode() == ActivationMode::Q8;
+  bool all_q8 = q8_mode;
+  for (const MatmulJob& j : jobs) all_q8 = all_q8 && quant::prefer_dot_q8(j.w->dtype);
+  if (!all_q8) {  // the f32-activation ones each alone, from their tokens gathered into rows
+    std::vector<MatmulJob> q8_jobs;
+    std::vector<float> xs;
+    for (const MatmulJob& j : jobs) {
+      if (q8_mode && quant::prefer_dot_q8(j.w->dtype)) {
+        q8_jobs.push_back(j);
+        continue;
+      }
+      const int64_t K = j.w->cols();
+      xs.resize(size_t(j.n * K));
+      for (int64_t t = 0; t < j.n; ++t) std::copy_n(j.x[t], K, xs.data() + t * K);
+      matmul(pool, xs.data(), j.n, *j.w, j.y, j.bias);
+    }
+    if (!q8_jobs.empty()) matmul_jobs(pool, q8_jobs);
+    return;
   }
+  // Each token's activations rounded once, alone (so its result is the same in any batch), and
+  // shared by consecutive jobs that point at the same tokens.
+  struct Resolved {
+    quant::DotQ8Row dot;
+    const quant::ActivationsQ8* acts;  // n of them
+    int64_t first_row;                 // in the loop over every job's rows
+  };
+  thread_local std::vector<quant::ActivationsQ8> acts;
+  thread_local std::vector<Resolved> resolved;
+  std::vector<size_t> acts_at(jobs.size());
+  size_t used = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulJob& j = jobs[i];
+    const bool shared = i > 0 && j.n == jobs[i - 1].n && j.w->cols() == jobs[i - 1].w->cols() &&
+                        std::equal(j.x, j.x + j.n, jobs[i - 1].x);
+    if (shared) {
+      acts_at[i] = acts_at[i - 1];
+      continue;
+    }
+    acts_at[i] = used;
+    used += size_t(j.n);
+  }
+  if (acts.size() < used) acts.resize(used);
+  resolved.resize(jobs.size());
+  int64_t total_rows = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulJob& j = jobs[i];
+    const int64_t K = j.w->cols();
+    resolved[i] = {quant::dot_q8_row(j.w->dtype, K), acts.data() + acts_at[i], total_rows};  // checks K
+    if (i == 0 || acts_at[i] != acts_at[i - 1])
+      for (int64_t t = 0; t < j.n; ++t) quant::quantize_activations_q8(j.x[t], K, acts[acts_at[i] + size_t(t)]);
+    total_rows += j.w->rows();
+  }
+  const Resolved* res = resolved.data();
+  pool.parallel_for(total_rows, [&](int64_t r0, int64_t r1) {
+    size_t i = 0;
+    while (i + 1 < jobs.size() && res[i + 1].first_row <= r0) ++i;
+    for (; i < jobs.size() && res[i].first_row < r1; ++i) {
+      const MatmulJob& j = jobs[i];
+      const int64_t M = j.w->rows();
+      const int64_t begin = std::max<int64_t>(r0 - res[i].first_row, 0), end = std::min(M, r1 - res[i].first_row);
+      for (int64_t m = begin; m < end; ++m) {
+        const void* row = j.w->row_data(m);
+        for (int64_t t = 0; t < j.n; ++t) j.y[t * M + m] = res[i].dot(row, res[i].acts[t]);
+      }
+    }
+  });
+  for (const MatmulJob& j : jobs)
+    if (j.bias) add_bias(*j.bias, j.n, j.w->rows(), j.y);
 }
 
 }  // namespace spill::cpu

@@ -107,20 +107,33 @@ void route_sigmoid_grouped(const SigmoidRouterParams& p, const float* router_log
 
 static inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-void swiglu_mlp(ThreadPool& pool, const float* x, int64_t n, const ExpertView& mlp, float* out,
-                const ActivationParams& act) {
-  const int64_t I = mlp.gate->rows();
-  std::vector<float> gate(static_cast<size_t>(n * I)), up(static_cast<size_t>(n * I));
-  matmul(pool, x, n, *mlp.gate, gate.data(), mlp.gate_bias);
-  matmul(pool, x, n, *mlp.up, up.data(), mlp.up_bias);
+namespace {
+
+// gate[i] = act(gate[i], up[i]) in place, the expert activation of swiglu_mlp and moe_experts.
+void activate(const ActivationParams& act, float* gate, const float* up, size_t count) {
   if (act.kind == MlpActivation::ClampedSwiGLU) {
-    for (size_t i = 0; i < gate.size(); ++i) {
+    for (size_t i = 0; i < count; ++i) {
       const float g = std::min(gate[i], act.limit), u = std::clamp(up[i], -act.limit, act.limit);
       gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-act.alpha * g)));
     }
   } else {
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = silu(gate[i]) * up[i];
+    for (size_t i = 0; i < count; ++i) gate[i] = silu(gate[i]) * up[i];
   }
+}
+
+}  // namespace
+
+void swiglu_mlp(ThreadPool& pool, const float* x, int64_t n, const ExpertView& mlp, float* out,
+                const ActivationParams& act) {
+  const int64_t I = mlp.gate->rows(), H = mlp.gate->cols();
+  std::vector<float> gate(static_cast<size_t>(n * I)), up(static_cast<size_t>(n * I));
+  std::vector<const float*> rows(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) rows[size_t(t)] = x + t * H;
+  // Gate and up in one loop of the pool, over one rounding of x (matmul_jobs).
+  const MatmulJob gate_up[2] = {{mlp.gate, rows.data(), n, gate.data(), mlp.gate_bias},
+                                {mlp.up, rows.data(), n, up.data(), mlp.up_bias}};
+  matmul_jobs(pool, gate_up);
+  activate(act, gate.data(), up.data(), gate.size());
   matmul(pool, gate.data(), n, *mlp.down, out, mlp.down_bias);
 }
 
@@ -131,22 +144,48 @@ void moe_experts(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, in
   std::vector<std::vector<int64_t>> routed(static_cast<size_t>(E));  // entries: token * k + slot
   for (int64_t i = 0; i < n * k; ++i) routed[size_t(ids[i])].push_back(i);
   std::fill(out, out + n * hidden, 0.0f);
-  std::vector<float> xe, ye;
+  // Every chosen expert's gate and up in one loop of the pool, then every down in one more: each
+  // product is the matmul it would be alone (matmul_jobs), so a token's result is the same in any
+  // batch, and a decode step hands the pool two loops instead of three per expert.
+  struct Active {
+    int64_t expert;
+    std::vector<const float*> x, hidden_rows;  // the tokens' inputs; their activated gate rows
+    std::vector<float> gate, up, y;
+  };
+  std::vector<Active> active;
   for (int64_t e = 0; e < E; ++e) {
     const auto& entries = routed[size_t(e)];
     if (entries.empty()) continue;
-    const int64_t m = int64_t(entries.size());
-    xe.resize(static_cast<size_t>(m * hidden));
-    ye.resize(static_cast<size_t>(m * hidden));
-    for (int64_t r = 0; r < m; ++r)
-      std::copy_n(x + (entries[size_t(r)] / k) * hidden, hidden, xe.data() + r * hidden);
-    swiglu_mlp(pool, xe.data(), m, experts[size_t(e)], ye.data(), act);
-    // A token's contributions are added in ascending expert order whatever the batch is.
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t token = entries[size_t(r)] / k;
-      const float w = weights[entries[size_t(r)]];
+    const int64_t m = int64_t(entries.size()), I = experts[size_t(e)].gate->rows();
+    Active a{.expert = e, .x = {}, .hidden_rows = {}, .gate = std::vector<float>(size_t(m * I)),
+             .up = std::vector<float>(size_t(m * I)), .y = std::vector<float>(size_t(m * hidden))};
+    for (int64_t r = 0; r < m; ++r) a.x.push_back(x + (entries[size_t(r)] / k) * hidden);
+    for (int64_t r = 0; r < m; ++r) a.hidden_rows.push_back(a.gate.data() + r * I);
+    active.push_back(std::move(a));
+  }
+  std::vector<MatmulJob> jobs;
+  for (Active& a : active) {
+    const ExpertView& ev = experts[size_t(a.expert)];
+    const int64_t m = int64_t(a.x.size());
+    jobs.push_back({ev.gate, a.x.data(), m, a.gate.data(), ev.gate_bias});
+    jobs.push_back({ev.up, a.x.data(), m, a.up.data(), ev.up_bias});
+  }
+  matmul_jobs(pool, jobs);
+  jobs.clear();
+  for (Active& a : active) {
+    const ExpertView& ev = experts[size_t(a.expert)];
+    activate(act, a.gate.data(), a.up.data(), a.gate.size());
+    jobs.push_back({ev.down, a.hidden_rows.data(), int64_t(a.x.size()), a.y.data(), ev.down_bias});
+  }
+  matmul_jobs(pool, jobs);
+  // A token's contributions are added in ascending expert order whatever the batch is.
+  for (const Active& a : active) {
+    const auto& entries = routed[size_t(a.expert)];
+    for (size_t r = 0; r < entries.size(); ++r) {
+      const int64_t token = entries[r] / k;
+      const float w = weights[entries[r]];
       float* o = out + token * hidden;
-      const float* y = ye.data() + r * hidden;
+      const float* y = a.y.data() + r * size_t(hidden);
       for (int64_t j = 0; j < hidden; ++j) o[j] += w * y[j];
     }
   }

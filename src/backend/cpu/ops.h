@@ -16,8 +16,8 @@ namespace spill::cpu {
 // y[n, M] = x[n, K] * w[M, K]^T (+ bias[M]). Parallel over the rows of w.
 void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, float* y,
             const TensorView* bias = nullptr);
-// Block-format weights with a faster int8 kernel (Q4_K, Q5_K, Q6_K: quant::prefer_dot_q8) take the int8-activation
-// path by default: each token's x is rounded to 8 bits per block of 256 once per call and the
+// Block-format weights with a faster int8 kernel (quant::prefer_dot_q8: Q8_0, Q4_K, Q5_K, Q6_K,
+// Q4_0, Q5_0, IQ4_NL) take the int8-activation path by default: each token's x is rounded to 8 bits per block of 256 once per call and the
 // rows are dotted with it in integer arithmetic (quant.h states the bound; it is what llama.cpp's
 // CPU path computes). ActivationMode::F32 forces quant::dot with f32 activations for every
 // format, the exact reference that the CUDA op tests and parity checks compare against. Either
@@ -29,6 +29,19 @@ void set_activation_mode(ActivationMode mode);
 // "f32" / "q8", and back (throws spill::Error naming the accepted values).
 const char* activation_mode_name(ActivationMode mode);
 ActivationMode parse_activation_mode(std::string_view name);
+// Several matrices in one parallel loop (fewer hand-overs of the thread pool per decode step),
+// each output exactly what matmul(pool, x, n, *w, y, bias) gives it: y[t, M] for the tokens that
+// x[t] points at (their rows may be anywhere). Activations shared by several products (q/k/v of
+// one hidden state; the gate and up of an expert) are rounded once when consecutive jobs point at
+// the same tokens.
+struct MatmulJob {
+  const TensorView* w = nullptr;
+  const float* const* x = nullptr;  // n pointers, one per token, each to w.cols() floats
+  int64_t n = 0;
+  float* y = nullptr;  // [n, w.rows()]
+  const TensorView* bias = nullptr;
+};
+void matmul_jobs(ThreadPool& pool, std::span<const MatmulJob> jobs);
 // Dot product of x[K] with row `row` of w, in the canonical accumulation order (f32 activations).
 float dot_row(const float* x, const TensorView& w, int64_t row);
 // Row `row` of w as floats.
