@@ -15,6 +15,7 @@
 #include "server/chat_prompt.h"
 #include "server/output_parser.h"
 #include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace spill::server {
 namespace {
@@ -270,7 +271,8 @@ TEST(OutputFormats, Glm46ReasoningContentAndKeyValueCalls) {
 // gpt-oss: the turn with its analysis and one message per call.
 TEST(OutputFormats, GptOssAnalysisAndOneMessagePerCall) {
   const ChatPrompt p = family_prompt("openai-gpt-oss-120b");
-  const Turn t = render_turn(p, assistant_turn("", kReasoning), "");
+  Turn t;
+  t.prompt = p.render(chat(Json::array({kUser}), true));
   // This copy of the template ends the generation prompt inside the final channel; the history
   // writes the turn as new messages, read from after the conversation before it.
   EXPECT_EQ(t.prompt.parser.harmony_prompt_tail, "assistant<|channel|>final<|message|>");
@@ -412,6 +414,38 @@ TEST(OutputFormats, GlmValuesFollowTheSchema) {
   EXPECT_EQ(Json::parse(call.arguments), Json::parse(R"({"query": "42", "max_results": 3, "note": "not json {"})"));
   EXPECT_FALSE(parse_tool_call(options, "two words\n<arg_key>a</arg_key><arg_value>1</arg_value>", call));
   EXPECT_FALSE(parse_tool_call(options, "f\n<arg_key>a</arg_key>stray<arg_value>1</arg_value>", call));
+}
+
+// ---- special-token markers are kept in the reply -------------------------------------------------
+
+// A model folder with `template` and a tokenizer whose added tokens include `markers` (special or not).
+ChatPrompt load_with_markers(const std::string& template_name, const std::vector<std::string>& markers, bool special) {
+  Json tok = Json::parse(read_file(fs::path(SPILL_TEST_DATA) / "tokenizer/split_behaviors/tokenizer.json"));
+  int id = 3000;
+  for (const std::string& m : markers)
+    tok["added_tokens"].push_back({{"id", id++}, {"content", m}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", special}});
+  const Tokenizer tokenizer = Tokenizer::from_json(tok.dump(), "test tokenizer.json");
+  const fs::path dir = fs::temp_directory_path() / ("spill-output-formats-" + template_name + (special ? "-s" : "-n"));
+  fs::create_directories(dir);
+  std::ofstream(dir / "chat_template.jinja", std::ios::binary) << read_file(kTemplateDir / (template_name + ".jinja"));
+  ChatPrompt p = ChatPrompt::load(dir.string(), &tokenizer);
+  fs::remove_all(dir);
+  return p;
+}
+
+TEST(OutputFormats, SpecialTokenMarkersAreDetokenizedForTheParser) {
+  const std::vector<std::string> harmony = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>"};
+  const std::vector<std::string> kimi = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                         "<|tool_call_begin|>", "<|tool_call_end|>"};
+  const ChatInput c = chat(Json::array({kUser}), true);
+  EXPECT_TRUE(load_with_markers("openai-gpt-oss-120b", harmony, true).render(c).keep_special_tokens);
+  EXPECT_TRUE(load_with_markers("moonshotai-Kimi-K2", kimi, true).render(c).keep_special_tokens);
+  EXPECT_FALSE(load_with_markers("moonshotai-Kimi-K2", kimi, false).render(c).keep_special_tokens);
+  // Qwen's <tool_call> and <think> are added tokens but not special: nothing changes for it.
+  EXPECT_FALSE(load_with_markers("Qwen-Qwen3-0.6B", {"<tool_call>", "</tool_call>", "<think>", "</think>"}, false)
+                   .render(c)
+                   .keep_special_tokens);
 }
 
 // ---- GLM-4.6's template renders as jinja2 does ---------------------------------------------------

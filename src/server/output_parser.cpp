@@ -254,6 +254,7 @@ OutputParser::OutputParser(const OutputParserOptions& options) : options_(option
     // The reply continues the prompt's unfinished message header (or starts a new message).
     if (!options_.harmony_prompt_tail.empty()) {
       harmony_mode_ = HarmonyMode::Header;
+      harmony_header_opened_by_start_ = true;
       pending_ = options_.harmony_prompt_tail;
     }
     return;
