@@ -55,11 +55,11 @@ struct OutputParserOptions {
   // Harmony: the prompt's last, unfinished message header (what follows its last <|start|>, e.g.
   // "assistant" or "assistant<|channel|>final<|message|>"), which the reply continues. Empty
   // when the prompt ended between messages.
-  std::string harmony_prompt_tail;
+  std::string harmony_prompt_tail{};
   // Glm45: the arguments each tool declares with type "string". Their values are kept as text
   // even when they read as JSON ("42" stays "42"); other values are decoded as JSON when they
   // parse (42 becomes a number), else kept as text.
-  std::map<std::string, std::set<std::string>, std::less<>> string_parameters;
+  std::map<std::string, std::set<std::string>, std::less<>> string_parameters{};
 };
 
 struct ParsedToolCall {
