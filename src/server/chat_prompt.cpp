@@ -1,5 +1,6 @@
 #include "server/chat_prompt.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -110,11 +111,128 @@ bool ends_with_open_think(const std::string& prompt) {
   return end >= kThink.size() && std::string_view(prompt).substr(end - kThink.size(), kThink.size()) == kThink;
 }
 
+// Harmony: what follows the prompt's last <|start|> when that message is unfinished (the
+// generation prompt "<|start|>assistant", or one that also opens a channel); "" when the prompt
+// ended between messages.
+std::string harmony_prompt_tail(std::string_view prompt) {
+  static constexpr std::string_view kStart = "<|start|>";
+  const size_t start = prompt.rfind(kStart);
+  if (start == std::string_view::npos) return {};
+  const std::string_view tail = prompt.substr(start + kStart.size());
+  for (std::string_view end : {"<|end|>", "<|call|>", "<|return|>"})
+    if (tail.find(end) != std::string_view::npos) return {};
+  return std::string(tail);
+}
+
+// GLM: the parameters each tool declares as strings (their values are written unquoted, so only
+// the schema tells "42" the string from 42 the number).
+std::map<std::string, std::set<std::string>, std::less<>> string_parameters(const Json& tools) {
+  std::map<std::string, std::set<std::string>, std::less<>> out;
+  if (!tools.is_array()) return out;
+  for (const Json& tool : tools) {
+    const Json* fn = tool.is_object() && tool.contains("function") ? &tool["function"] : nullptr;
+    if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) continue;
+    const Json* params = fn->contains("parameters") ? &(*fn)["parameters"] : nullptr;
+    if (!params || !params->is_object() || !params->contains("properties") || !(*params)["properties"].is_object()) continue;
+    std::set<std::string>& names = out[(*fn)["name"].get<std::string>()];
+    for (const auto& [key, schema] : (*params)["properties"].items()) {
+      if (!schema.is_object() || !schema.contains("type")) continue;
+      const Json& type = schema["type"];
+      bool is_string = type == "string";
+      if (type.is_array()) {  // ["string", "null"]: a string when present
+        is_string = std::find(type.begin(), type.end(), Json("string")) != type.end();
+        for (const Json& t : type) is_string = is_string && (t == "string" || t == "null");
+      }
+      if (is_string) names.insert(key);
+    }
+  }
+  return out;
+}
+
+bool has_tool_calls(const Json& m) {
+  return m.value("role", "") == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array() &&
+         !m["tool_calls"].empty();
+}
+
+// The request's history in the fields the format's templates read (see chat_prompt.h).
+Json adapt_history(const Json& messages, ToolCallFormat format) {
+  const bool deepseek = format == ToolCallFormat::DeepSeekV3 || format == ToolCallFormat::DeepSeekV31;
+  if (!deepseek && format != ToolCallFormat::Harmony) return messages;
+  Json out = Json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Json m = messages[i];
+    const bool calls = has_tool_calls(m);
+    if (deepseek) {
+      if (calls) {
+        // DeepSeek's templates write `'...' + arguments`: they need the JSON text. And R1's renders
+        // the calls only when content is none.
+        for (Json& call : m["tool_calls"]) {
+          Json& args = call["function"]["arguments"];
+          if (!args.is_string()) args = args.dump();
+        }
+        if (m.contains("content") && m["content"].is_string() && m["content"].get_ref<const std::string&>().empty())
+          m["content"] = nullptr;
+      }
+      out.push_back(std::move(m));
+      continue;
+    }
+    // gpt-oss reads the analysis channel from `thinking`; with a tool call it refuses both
+    // content and thinking (it renders the content as the analysis then).
+    if (m.value("role", "") == "assistant" && m.contains("reasoning_content")) {
+      Json reasoning = m["reasoning_content"];
+      m.erase("reasoning_content");
+      const bool has_content = m.contains("content") && m["content"].is_string() && !m["content"].get_ref<const std::string&>().empty();
+      if (!(calls && has_content) && reasoning.is_string()) m["thinking"] = std::move(reasoning);
+    }
+    if (!calls || m["tool_calls"].size() == 1) {
+      out.push_back(std::move(m));
+      continue;
+    }
+    // Several calls: one assistant message each, followed by its result (the template renders a
+    // message's first call only, and names a result after the call before it).
+    size_t end = i + 1;
+    while (end < messages.size() && messages[end].value("role", "") == "tool") ++end;
+    std::vector<bool> used(end - i - 1, false);
+    const Json all_calls = m["tool_calls"];
+    for (size_t k = 0; k < all_calls.size(); ++k) {
+      Json one = m;
+      one["tool_calls"] = Json::array({all_calls[k]});
+      if (k > 0) {
+        one["content"] = "";
+        one.erase("thinking");
+      }
+      out.push_back(std::move(one));
+      const Json id = all_calls[k].contains("id") ? all_calls[k]["id"] : Json();
+      for (size_t j = i + 1; j < end; ++j) {
+        if (used[j - i - 1] || id.is_null() || !messages[j].contains("tool_call_id") || messages[j]["tool_call_id"] != id) continue;
+        out.push_back(messages[j]);
+        used[j - i - 1] = true;
+      }
+    }
+    for (size_t j = i + 1; j < end; ++j)
+      if (!used[j - i - 1]) out.push_back(messages[j]);
+    i = end - 1;
+  }
+  return out;
+}
+
 }  // namespace
 
+ToolCallFormat detect_tool_call_format(std::string_view src) {
+  auto has = [src](std::string_view s) { return src.find(s) != std::string_view::npos; };
+  if (has("<|channel|>") && has("<|message|>")) return ToolCallFormat::Harmony;
+  if (has("<|tool_calls_section_begin|>")) return ToolCallFormat::KimiK2;
+  // V3 and R1 write "function<｜tool▁sep｜>NAME" and the arguments in a ```json fence; V3.1 "NAME<｜tool▁sep｜>ARGS".
+  if (has("<｜tool▁call▁begin｜>")) return has("```json") ? ToolCallFormat::DeepSeekV3 : ToolCallFormat::DeepSeekV31;
+  if (has("<arg_key>")) return ToolCallFormat::Glm45;
+  return ToolCallFormat::Hermes;
+}
+
 void ChatPrompt::detect(const std::string& sources) {
-  thinks_ = sources.find("<think>") != std::string::npos || sources.find("</think>") != std::string::npos;
-  hermes_tools_ = sources.find("<tool_call>") != std::string::npos;
+  format_ = detect_tool_call_format(sources);
+  thinks_ = sources.find("<think>") != std::string::npos || sources.find("</think>") != std::string::npos ||
+            format_ == ToolCallFormat::Harmony;
+  hermes_tools_ = format_ == ToolCallFormat::Hermes && sources.find("<tool_call>") != std::string::npos;
 }
 
 ChatPrompt ChatPrompt::load(const std::string& model_dir, const Tokenizer* tokenizer) {
@@ -131,6 +249,18 @@ ChatPrompt ChatPrompt::load(const std::string& model_dir, const Tokenizer* token
   }
   // A vocabulary with a </think> token is a thinking model even if its template never says so.
   if (tokenizer && tokenizer->token_id("</think>")) p.thinks_ = true;
+  if (tokenizer) {
+    // Markers that are special tokens vanish from the reply unless it is decoded with them.
+    const OutputParser::Markers m = OutputParser::markers(p.format_);
+    std::vector<std::string_view> names = {m.section_begin, m.section_end, m.call_begin, m.call_end};
+    if (p.format_ == ToolCallFormat::Harmony) names = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>"};
+    else if (p.thinks_) names.insert(names.end(), {"<think>", "</think>"});
+    for (std::string_view name : names) {
+      if (name.empty()) continue;
+      const std::optional<int32_t> id = tokenizer->token_id(std::string(name));
+      if (id && tokenizer->is_special(*id)) p.keep_special_tokens_ = true;
+    }
+  }
   return p;
 }
 
@@ -151,7 +281,8 @@ RenderedPrompt ChatPrompt::render(const ChatInput& chat, const std::string& assi
   const bool offer_tools = chat.tool_choice.mode != ToolChoiceMode::None;
   const Json no_tools = nullptr;
   try {
-    jinja::RenderedText rendered = template_->render_marked(chat.messages, offer_tools ? chat.tools : no_tools,
+    const Json messages = adapt_history(chat.messages, format_);
+    jinja::RenderedText rendered = template_->render_marked(messages, offer_tools ? chat.tools : no_tools,
                                                             chat.add_generation_prompt, chat.template_kwargs);
     out.text = std::move(rendered.text);
     out.input_spans = std::move(rendered.input);
@@ -162,9 +293,16 @@ RenderedPrompt ChatPrompt::render(const ChatInput& chat, const std::string& assi
                    .param = "messages", .code = ""};
   }
   const bool has_tools = chat.tools.is_array() && !chat.tools.empty();
+  out.parser.format = format_;
   out.parser.parse_reasoning = thinks_;
-  out.parser.starts_in_reasoning = thinks_ && assistant_prefill.empty() && ends_with_open_think(out.text);
   out.parser.parse_tool_calls = has_tools && offer_tools;
+  out.keep_special_tokens = keep_special_tokens_;
+  if (format_ == ToolCallFormat::Harmony) {
+    if (assistant_prefill.empty()) out.parser.harmony_prompt_tail = harmony_prompt_tail(out.text);
+  } else {
+    out.parser.starts_in_reasoning = thinks_ && assistant_prefill.empty() && ends_with_open_think(out.text);
+  }
+  if (format_ == ToolCallFormat::Glm45 && out.parser.parse_tool_calls) out.parser.string_parameters = string_parameters(chat.tools);
 
   // tool_choice "required" / a named function: start the reply inside a call, so the model can
   // only complete it. Only where the template teaches this format, and not inside reasoning.

@@ -636,6 +636,8 @@ GenerationRequest HttpServer::make_request(std::vector<int32_t> prompt, const Ge
 }
 
 void HttpServer::add_template_stops(GenerationRequest& request, const RenderedPrompt& prompt) const {
+  // The reply format's markers are special tokens (gpt-oss, Kimi-K2): the parser must see them.
+  if (prompt.keep_special_tokens) request.skip_special_tokens = false;
   for (const std::string& s : prompt.stop_strings) {
     request.stop.push_back(s);
     if (auto id = engine_->tokenizer()->token_id(s)) request.stop_token_ids.push_back(*id);
@@ -864,9 +866,10 @@ void HttpServer::respond_sse(httplib::Response& res, std::vector<RequestStream> 
 void HttpServer::log_unparsed_tool_calls(const OutputParser& parser) const {
   for (const std::string& body : parser.unparsed_tool_calls())
     fmt::print(stderr,
-               "spill: warning: the model wrote a tool call that is not a JSON object with \"name\" and \"arguments\"; "
-               "returned it as text: {}{}\n",
-               dump_json(Json(body)), body.size() >= OutputParser::kUnparsedExcerptBytes ? " (cut)" : "");
+               "spill: warning: the model wrote a tool call that does not read as a {} call (a name and a JSON object "
+               "of arguments); returned it as text: {}{}\n",
+               tool_call_format_name(parser.format()), dump_json(Json(body)),
+               body.size() >= OutputParser::kUnparsedExcerptBytes ? " (cut)" : "");
 }
 
 // ---------------------------------------------------------------------------------------------
