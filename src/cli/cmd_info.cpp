@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "model/quantize_on_load.h"
 #include "model/runner.h"
+#include "placement/measured_bytes.h"
 
 namespace spill::cli {
 
@@ -22,6 +23,12 @@ std::string human_bytes(int64_t b) {
   int u = 0;
   while (v >= 1024 && u < 4) v /= 1024, ++u;
   return fmt::format("{:.2f} {}", v, units[u]);
+}
+
+int64_t first_moe_layer(const ModelSpec& s) {
+  for (int64_t l = 0; l < s.n_layers; ++l)
+    if (s.layer_is_moe[size_t(l)]) return l;
+  return -1;
 }
 
 struct Tally {
@@ -111,28 +118,23 @@ void run_info(const ModelFlags& flags) {
   auto model = flags.synthetic.empty() ? Model::load(flags.dir()) : open_model(flags, 1, true, /*fill=*/false);
   const ModelSpec& s = model->spec();
   Tally tally;
-  tally.add("embeddings", model->embed);
-  tally.add("embeddings", model->lm_head);
-  tally.add("norms", model->final_norm);
-  int64_t expert_bytes = 0;
-  for (size_t l = 0; l < model->layers.size(); ++l) {
-    const LayerWeights& w = model->layers[l];
-    for (const TensorView* t : {&w.q, &w.k, &w.v, &w.o, &w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias, &w.sinks,
-                                &w.mla.q_a, &w.mla.q_b, &w.mla.q, &w.mla.kv_a, &w.mla.kv_b, &w.mla.o})
-      tally.add("attention", *t);
-    for (const TensorView* t : {&w.attn_norm, &w.mlp_norm, &w.q_norm, &w.k_norm, &w.mla.q_a_norm, &w.mla.kv_a_norm})
-      tally.add("norms", *t);
-    for (const TensorView* t : {&w.dense.gate, &w.dense.up, &w.dense.down}) tally.add("dense MLP", *t);
-    for (const TensorView* t : {&w.shared.gate, &w.shared.up, &w.shared.down}) tally.add("shared experts", *t);
-    for (const TensorView* t : {&w.router, &w.router_bias, &w.router_correction_bias}) tally.add("router", *t);
-    for (const ExpertWeights& e : w.experts) {
-      for (const TensorView* t : {&e.gate, &e.up, &e.down, &e.gate_bias, &e.up_bias, &e.down_bias})
-        tally.add("routed experts", *t);
-      if (!expert_bytes)
-        for (const TensorView* t : {&e.gate, &e.up, &e.down, &e.gate_bias, &e.up_bias, &e.down_bias})
-          expert_bytes += t->empty() ? 0 : int64_t(t->nbytes());
+  int64_t expert_bytes = 0;  // the first routed expert's
+  placement::visit_weights(*model, [&](placement::TensorClass c, int64_t layer, int64_t expert, const TensorView& t) {
+    using placement::TensorClass;
+    switch (c) {
+      case TensorClass::Embedding:
+      case TensorClass::LmHead: tally.add("embeddings", t); break;
+      case TensorClass::Attention: tally.add("attention", t); break;
+      case TensorClass::DenseMlp: tally.add("dense MLP", t); break;
+      case TensorClass::Router: tally.add("router", t); break;
+      case TensorClass::SharedExperts: tally.add("shared experts", t); break;
+      case TensorClass::Norms: tally.add("norms", t); break;
+      case TensorClass::RoutedExperts:
+        tally.add("routed experts", t);
+        if (expert == 0 && layer == first_moe_layer(s)) expert_bytes += int64_t(t.nbytes());
+        break;
     }
-  }
+  });
   int64_t total_params = 0, total_bytes = 0;
   for (auto& [cls, pb] : tally.by_class) total_params += pb.first, total_bytes += pb.second;
   const int64_t expert_params = tally.by_class.count("routed experts") ? tally.by_class["routed experts"].first : 0;
