@@ -567,9 +567,16 @@ TEST(GgufFamilies, InfoReportsBytesByClassAndLatentKv) {
     }
     const int64_t kv = s.attention == AttentionKind::Mla ? s.mla.kv_lora_rank + s.mla.qk_rope_head_dim
                                                          : 2 * s.n_kv_heads * s.head_dim;
-    const std::string want = std::to_string(kv) + " values per token per layer (" +
-                             (s.attention == AttentionKind::Mla ? "latent + rope key" : "K + V") + "), " +
-                             std::to_string(kv * 4 * s.n_layers) + " bytes per token";
+    // Sliding-window layers (gpt-oss) keep a window, reported apart from the full-attention layers.
+    int64_t sliding_layers = 0;
+    for (int64_t l = 0; l < s.n_layers; ++l) sliding_layers += s.sliding(l) ? 1 : 0;
+    std::string want = std::to_string(kv) + " values per token per layer (" +
+                       (s.attention == AttentionKind::Mla ? "latent + rope key" : "K + V") + "), " +
+                       std::to_string(kv * 4 * (s.n_layers - sliding_layers)) + " bytes per token";
+    if (sliding_layers > 0)
+      want += " in f32 over " + std::to_string(s.n_layers - sliding_layers) + " full-attention layers, plus " +
+              std::to_string(kv * 4 * sliding_layers) + " bytes per token of the last " + std::to_string(s.sliding_window) +
+              " over " + std::to_string(sliding_layers) + " sliding-window layers";
     EXPECT_NE(line_starting(from_gguf, "KV cache ").find(want), std::string::npos) << from_gguf;
     EXPECT_EQ(line_starting(from_gguf, "KV cache "), line_starting(from_dir, "KV cache "));
   }
