@@ -136,7 +136,10 @@ TEST_F(Q4kmTiny, ItsGgufMeasuresAsTheFileStoresIt) {
   write_gguf(*model, path.string(), {.hf_dir = kTiny.string(), .name = "", .quant = "q4_k_m"});
   auto loaded = Model::load(path.string());
   int64_t file_bytes = 0;
-  for (const gguf::TensorInfo& t : gguf::GgufFile::open(path.string())->tensors()) file_bytes += int64_t(t.nbytes);
+  {
+    const std::unique_ptr<gguf::GgufFile> file = gguf::GgufFile::open(path.string());
+    for (const gguf::TensorInfo& t : file->tensors()) file_bytes += int64_t(t.nbytes);
+  }
   fs::remove(path);
   const ModelBytes in_memory = measure_weights(*model), from_file = measure_weights(*loaded);
   EXPECT_EQ(from_file.total.total(), file_bytes);
