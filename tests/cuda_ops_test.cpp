@@ -421,6 +421,14 @@ TEST(CudaOps, AttentionOverSeveralPartitionsMatchesTheTwin) {
       ASSERT_LT(int64_t(sp.parts - 1) * sp.length, n_pos) << n_pos;
       ASSERT_GE(int64_t(sp.parts) * sp.length, n_pos) << n_pos;
     }
+  // A grid sized for the longest context holds every shorter one's partitions (the count is not
+  // monotonic: M positions split into 64 partitions, M + 1 into 52).
+  int32_t most = 0;
+  for (int32_t n_pos = 1; n_pos <= 4 * M + 3; ++n_pos) {
+    most = std::max(most, cuda::attention_split(n_pos).parts);
+    ASSERT_GE(cuda::attention_grid_partitions(n_pos), most) << n_pos;
+    ASSERT_LE(cuda::attention_grid_partitions(n_pos), cuda::kMaxAttentionPartitions) << n_pos;
+  }
   run_attention_case({4, 1, 128, 16, {{P - 1, 1}, {P, 1}, {2 * P + 37, 1}, {P - 5, 9}, {M + 999, 1}}, DType::F32}, 6);
   run_attention_case({4, 2, 64, 16, {{3 * P + 7, 1}, {M - 1, 2}}, DType::BF16}, 9);
 }

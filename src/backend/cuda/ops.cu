@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -160,6 +161,65 @@ __global__ void rmsnorm_kernel(RmsNormArgs a) {
   for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock) o[j] = __fmul_rn(a.weight[j], __fmul_rn(x[j], scale));
 }
 
+// Rows whose width is a multiple of 4 and at most kNormVecBlock * 4 * kChunks: every load of the row
+// (x, the residual, the weights) is issued at once into registers as 16-byte words, so a row costs
+// one memory round trip, the sum of squares, and the stores (at batch 1 a norm is a chain of
+// latencies, not of bytes). Each thread sums its own values in order, in double; then the warp
+// butterfly and the warps in order.
+constexpr int kNormVecBlock = 256;
+template <int kChunks>
+__global__ void __launch_bounds__(kNormVecBlock) rmsnorm_vec_kernel(RmsNormArgs a) {
+  overlap_prologue();
+  const int64_t r = blockIdx.x;
+  const int64_t i = a.rows ? a.rows[r] : r;
+  float4* x = reinterpret_cast<float4*>(a.x + i * a.ld_x);
+  const float4* res = a.residual ? reinterpret_cast<const float4*>(a.residual + i * a.ld_x) : nullptr;
+  const float4* w = reinterpret_cast<const float4*>(a.weight);
+  const int chunks = int(a.dim / 4);
+  float4 v[kChunks], wv[kChunks], rv[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int at = int(threadIdx.x) + c * kNormVecBlock;
+    if (at < chunks) {
+      v[c] = x[at];
+      wv[c] = w[at];
+      if (res) rv[c] = res[at];
+    }
+  }
+  double s = 0;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int at = int(threadIdx.x) + c * kNormVecBlock;
+    if (at < chunks) {
+      if (res) {
+        v[c] = make_float4(__fadd_rn(v[c].x, rv[c].x), __fadd_rn(v[c].y, rv[c].y), __fadd_rn(v[c].z, rv[c].z),
+                           __fadd_rn(v[c].w, rv[c].w));
+        x[at] = v[c];
+      }
+      s = __fma_rn(double(v[c].x), double(v[c].x), s);
+      s = __fma_rn(double(v[c].y), double(v[c].y), s);
+      s = __fma_rn(double(v[c].z), double(v[c].z), s);
+      s = __fma_rn(double(v[c].w), double(v[c].w), s);
+    }
+  }
+  __shared__ double warp_part[kNormVecBlock / 32];
+  s = warp_sum_d(s);
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
+  __syncthreads();
+  double total = warp_part[0];
+#pragma unroll
+  for (int k = 1; k < kNormVecBlock / 32; ++k) total = __dadd_rn(total, warp_part[k]);
+  const float scale = float(1.0 / sqrt(total / double(a.dim) + a.eps));
+  float4* o = reinterpret_cast<float4*>(a.out + r * a.ld_out);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int at = int(threadIdx.x) + c * kNormVecBlock;
+    if (at < chunks)
+      o[at] = make_float4(__fmul_rn(wv[c].x, __fmul_rn(v[c].x, scale)), __fmul_rn(wv[c].y, __fmul_rn(v[c].y, scale)),
+                          __fmul_rn(wv[c].z, __fmul_rn(v[c].z, scale)), __fmul_rn(wv[c].w, __fmul_rn(v[c].w, scale)));
+  }
+}
+
 // ---- RoPE + KV write -----------------------------------------------------------------------------
 
 __device__ __forceinline__ float clip_value(float v, float c) { return c > 0 ? fminf(fmaxf(v, -c), c) : v; }
@@ -241,6 +301,69 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
   }
   for (int64_t j = threadIdx.x; j < a.n_kv_heads * D; j += blockDim.x)
     vc[j] = to_kv<KV>(clip_value(a.v[t * a.ld_v + j], a.clip));
+}
+
+// head_dim = 32 * PL (64, 128, 256) with per-head norms or none: a warp per head, four heads per
+// block, lane l holding dims [PL l, PL l + PL) in registers, so a token's heads run side by side and
+// every load (q/k/v, the position, the frequencies, the norm weights) is issued at once. The
+// rotation's partner of dim d (d +- head_dim / 2) is lane l ^ 16's value. The arithmetic is
+// rope_kv_kernel's, bit for bit, except the per-head sum of squares, taken in this lane order.
+constexpr int kRopeHeadsPerBlock = 4;
+template <class KV, int PL>
+__global__ void __launch_bounds__(kRopeHeadsPerBlock * 32) rope_kv_head_kernel(RopeKvArgs a) {
+  constexpr int D = 32 * PL, half = D / 2;
+  overlap_prologue();
+  const int64_t t = blockIdx.x;
+  const int lane = int(threadIdx.x % 32);
+  const int h = int(blockIdx.y) * kRopeHeadsPerBlock + int(threadIdx.x / 32);
+  const int nh = int(a.n_heads), nkv = int(a.n_kv_heads);
+  if (h >= nh + nkv) return;
+  const bool is_q = h < nh;
+  const int kh = h - nh;
+  float* src = is_q ? a.q + t * a.ld_q + int64_t(h) * D : a.k + t * a.ld_k + int64_t(kh) * D;
+  const int d0 = PL * lane;
+  float x[PL], vv[PL], w[PL], f[PL];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    x[i] = src[d0 + i];
+    f[i] = a.inv_freq[(d0 + i) % half];
+    if (!is_q) vv[i] = a.v[t * a.ld_v + int64_t(kh) * D + d0 + i];
+    if (a.q_norm) w[i] = (is_q ? a.q_norm : a.k_norm)[d0 + i];
+  }
+  const float pos = float(a.positions[t]);
+  const int64_t slot = is_q ? 0 : a.slots[t];
+  if (a.q_norm) {
+    double s2 = 0;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) s2 = __fma_rn(double(x[i]), double(x[i]), s2);
+    s2 = warp_sum_d(s2);
+    const float scale = float(1.0 / sqrt(s2 / double(D) + a.norm_eps));
+#pragma unroll
+    for (int i = 0; i < PL; ++i) x[i] = __fmul_rn(w[i], __fmul_rn(x[i], scale));
+  }
+  float out[PL];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    float sv, cv;
+    sincosf(__fmul_rn(pos, f[i]), &sv, &cv);
+    const float c = __fmul_rn(cv, a.attention_factor), sn = __fmul_rn(sv, a.attention_factor);
+    const float mine = clip_value(x[i], a.clip);
+    const float partner = __shfl_xor_sync(0xffffffffu, mine, 16);
+    out[i] = lane < 16 ? __fsub_rn(__fmul_rn(mine, c), __fmul_rn(partner, sn))
+                       : __fadd_rn(__fmul_rn(mine, c), __fmul_rn(partner, sn));
+  }
+  if (is_q) {
+#pragma unroll
+    for (int i = 0; i < PL; ++i) src[d0 + i] = out[i];
+  } else {
+    KV* kc = static_cast<KV*>(a.k_cache) + slot * nkv * D + int64_t(kh) * D;
+    KV* vc = static_cast<KV*>(a.v_cache) + slot * nkv * D + int64_t(kh) * D;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+      kc[d0 + i] = to_kv<KV>(out[i]);
+      vc[d0 + i] = to_kv<KV>(clip_value(vv[i], a.clip));
+    }
+  }
 }
 
 // ---- paged attention -----------------------------------------------------------------------------
@@ -431,6 +554,202 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
   }
 }
 
+// head_dim = 32 * PL (64, 128, 256): attention_kernel's arithmetic in its order (the same bits),
+// with a tile's loads in flight together instead of in a chain of round trips. A lane's whole K row
+// is loaded at once (16-byte words, at most 16 in flight), and the tile's V rows in two batches of
+// 16 positions, lane l holding dims [PL l, PL l + PL) of each (one 4-16 byte load per row).
+template <int kBytes>
+struct VWords {
+  static constexpr int kWords = kBytes / 4;
+  uint32_t w[kWords];
+};
+template <int kBytes>
+__device__ __forceinline__ VWords<kBytes> load_words(const void* p) {
+  VWords<kBytes> r;
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 u = static_cast<const uint4*>(p)[i];
+      r.w[4 * i] = u.x, r.w[4 * i + 1] = u.y, r.w[4 * i + 2] = u.z, r.w[4 * i + 3] = u.w;
+    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 u = *static_cast<const uint2*>(p);
+    r.w[0] = u.x, r.w[1] = u.y;
+  } else {
+    r.w[0] = *static_cast<const uint32_t*>(p);
+  }
+  return r;
+}
+template <class KV, int PL>
+__device__ __forceinline__ void words_to_floats(const VWords<PL * int(sizeof(KV))>& v, float out[PL]) {
+  if constexpr (std::is_same_v<KV, float>) {
+#pragma unroll
+    for (int i = 0; i < PL; ++i) out[i] = __uint_as_float(v.w[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < PL / 2; ++i) {
+      out[2 * i] = __uint_as_float(v.w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(v.w[i] & 0xFFFF0000u);
+    }
+  }
+}
+
+// q . k over D = 32 PL for G heads, each one fma chain in d order (dot_q_k's), k loaded 16 at most
+// 16-byte words at a time, all of them before the first multiply.
+template <class KV, int G, int D>
+__device__ __forceinline__ void dot_q_k_row(const float (*q)[D], const KV* k, bool live, float dot[G]) {
+  constexpr int kPerWord = 16 / int(sizeof(KV));  // values per 16-byte word
+  constexpr int kWords = D / kPerWord;
+  constexpr int kBatch = kWords < 16 ? kWords : 16;
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+  const uint4* k4 = reinterpret_cast<const uint4*>(k);
+#pragma unroll
+  for (int b0 = 0; b0 < kWords; b0 += kBatch) {
+    uint4 w[kBatch];
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) w[c] = live ? k4[b0 + c] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int c = 0; c < kBatch; ++c) {
+      const uint32_t words[4] = {w[c].x, w[c].y, w[c].z, w[c].w};
+      float kv[kPerWord];
+      if constexpr (std::is_same_v<KV, float>) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) kv[i] = __uint_as_float(words[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          kv[2 * i] = __uint_as_float(words[i] << 16);
+          kv[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+        }
+      }
+      const int d0 = (b0 + c) * kPerWord;
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int i = 0; i < kPerWord; ++i) dot[g] = __fmaf_rn(q[g][d0 + i], kv[i], dot[g]);
+    }
+  }
+}
+
+template <class KV, int G, int PL>
+__global__ void __launch_bounds__(kBlock) attention_tile_kernel(AttentionArgs a, int32_t n_parts_grid) {
+  constexpr int D = 32 * PL;
+  constexpr int kVBatch = 16;
+  overlap_prologue();
+  const int32_t head_groups = int32_t(a.n_heads / G);
+  const int32_t t = int32_t(blockIdx.x) / head_groups, h0 = (int32_t(blockIdx.x) % head_groups) * G;
+  const int part = blockIdx.y;
+  const int32_t n_pos = a.positions[t] + 1;
+  const int32_t* table = a.block_tables + a.table_offset[t];
+  const AttentionSplit split = attention_split(n_pos);
+  const int32_t n_parts = split.parts;
+  if (part >= n_parts) return;
+  const int32_t kvh = h0 / int32_t(a.n_heads / a.n_kv_heads);
+  const int64_t row_elems = a.n_kv_heads * D;
+  const float scale = 1.0f / sqrtf(float(D));
+
+  __shared__ __align__(16) float q_s[G][D];
+  __shared__ float m_s[kWarpsPerBlock][G], l_s[kWarpsPerBlock][G];
+  __shared__ float acc_s[kWarpsPerBlock][G][D];
+  for (int i = threadIdx.x; i < G * D; i += kBlock) q_s[i / D][i % D] = a.q[int64_t(t) * a.ld_q + int64_t(h0) * D + i];
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t p_begin = part * split.length;
+  const int32_t p_end = min(n_pos, p_begin + split.length);
+  float m[G], l[G], acc[G][PL];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) acc[g][i] = 0.0f;
+  }
+  const KV* kc = static_cast<const KV*>(a.k_cache) + int64_t(kvh) * D;
+  const KV* vc = static_cast<const KV*>(a.v_cache) + int64_t(kvh) * D + PL * lane;
+
+  for (int32_t tile = p_begin + warp * 32; tile < p_end; tile += kWarpsPerBlock * 32) {
+    const int32_t p = tile + lane;
+    const bool live = p < p_end;
+    const int64_t row = live ? (int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size) * row_elems : 0;
+    float s[G];
+    dot_q_k_row<KV, G, D>(q_s, kc + row, live, s);
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = live ? __fmul_rn(s[g], scale) : -INFINITY;
+    float pr[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float m_new = fmaxf(m[g], warp_max_f(s[g]));
+      const float corr = expf(__fsub_rn(m[g], m_new));  // 0 on the first tile (m = -inf)
+      pr[g] = live ? expf(__fsub_rn(s[g], m_new)) : 0.0f;
+      l[g] = __fadd_rn(__fmul_rn(l[g], corr), warp_sum_f(pr[g]));
+#pragma unroll
+      for (int i = 0; i < PL; ++i) acc[g][i] = __fmul_rn(acc[g][i], corr);
+      m[g] = m_new;
+    }
+    const int32_t count = min(32, p_end - tile);
+#pragma unroll
+    for (int j0 = 0; j0 < 32; j0 += kVBatch) {
+      if (j0 >= count) break;
+      VWords<PL * int(sizeof(KV))> vb[kVBatch];
+#pragma unroll
+      for (int jj = 0; jj < kVBatch; ++jj) {
+        const long long row_j = __shfl_sync(0xffffffffu, static_cast<long long>(row), j0 + jj);
+        if (j0 + jj < count) vb[jj] = load_words<PL * int(sizeof(KV))>(vc + row_j);
+      }
+#pragma unroll
+      for (int jj = 0; jj < kVBatch; ++jj) {
+        if (j0 + jj >= count) break;
+        float vd[PL];
+        words_to_floats<KV, PL>(vb[jj], vd);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float pj = __shfl_sync(0xffffffffu, pr[g], j0 + jj);
+#pragma unroll
+          for (int i = 0; i < PL; ++i) acc[g][i] = __fmaf_rn(pj, vd[i], acc[g][i]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      m_s[warp][g] = m[g];
+      l_s[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < PL; ++i) acc_s[warp][g][PL * lane + i] = acc[g][i];
+  }
+  __syncthreads();
+  // Merge the warps in order (a warp with no tile has m = -inf and weight 0).
+  for (int i = threadIdx.x; i < G * D; i += kBlock) {
+    const int g = i / D, d = i % D;
+    const int64_t h = h0 + g, th = int64_t(t) * a.n_heads + h;
+    float M = m_s[0][g];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w][g]);
+    float L = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerBlock; ++w)
+      if (m_s[w][g] != -INFINITY) {
+        const float f = expf(__fsub_rn(m_s[w][g], M));
+        L = __fadd_rn(L, __fmul_rn(l_s[w][g], f));
+        o = __fmaf_rn(acc_s[w][g][d], f, o);
+      }
+    if (n_parts == 1) {
+      a.out[int64_t(t) * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
+    } else {
+      float* ws = a.workspace + (th * n_parts_grid + part) * (D + 2);
+      ws[2 + d] = o;
+      if (d == 0) {
+        ws[0] = M;
+        ws[1] = L;
+      }
+    }
+  }
+}
+
 // Merges the partitions of every (token, head) that has more than one, in partition order.
 __global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
   overlap_prologue();
@@ -504,6 +823,76 @@ __global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_
     for (int64_t j = 0; j < k; ++j) weights[t * k + j] = __fdiv_rn(weights[t * k + j], top_sum);
 }
 
+// route_topk_kernel for at most 32 * kPer experts, the probabilities in registers (lane l holds
+// experts l, l + 32, ...): the same arithmetic in the same order, without the shared-memory round
+// trips between the k rounds.
+template <int kPer>
+__global__ void route_topk_regs_kernel(const float* logits, int32_t n_experts, int32_t k, bool renormalise, int32_t* ids,
+                                       float* weights) {
+  overlap_prologue();
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x;
+  const float* l = logits + t * n_experts;
+  float pr[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) pr[i] = lane + 32 * i < n_experts ? l[lane + 32 * i] : -INFINITY;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) mx = fmaxf(mx, pr[i]);
+  mx = warp_max_f(mx);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < n_experts) {
+      pr[i] = expf(__fsub_rn(pr[i], mx));
+      s = __fadd_rn(s, pr[i]);
+    }
+  s = warp_sum_f(s);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) pr[i] = lane + 32 * i < n_experts ? __fdiv_rn(pr[i], s) : -3.0f;
+  float top_sum = 0.0f;
+  int32_t my_ids[8];
+  float my_w[8];
+  for (int32_t j = 0; j < k; ++j) {
+    float best = -1.0f;
+    int32_t best_id = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (pr[i] > best) {  // ascending e: the first maximum of this lane is its lowest id
+        best = pr[i];
+        best_id = lane + 32 * i;
+      }
+    for (int o = 16; o >= 1; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oi < best_id)) {
+        best = ob;
+        best_id = oi;
+      }
+    }
+    if (best_id == 0x7fffffff) best_id = 0, best = 0.0f;  // all NaN: never happens with finite logits
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i == best_id) pr[i] = -2.0f;  // taken
+    top_sum = __fadd_rn(top_sum, best);
+    if (j < 8) {
+      my_ids[j] = best_id;
+      my_w[j] = best;
+    } else if (lane == 0) {
+      ids[t * k + j] = best_id;
+      weights[t * k + j] = best;  // renormalised below
+    }
+  }
+  if (lane == 0) {
+    for (int32_t j = 0; j < k && j < 8; ++j) {
+      ids[t * k + j] = my_ids[j];
+      weights[t * k + j] = renormalise ? __fdiv_rn(my_w[j], top_sum) : my_w[j];
+    }
+    if (renormalise)
+      for (int32_t j = 8; j < k; ++j) weights[t * k + j] = __fdiv_rn(weights[t * k + j], top_sum);
+  }
+}
+
 // ---- elementwise -----------------------------------------------------------------------------------
 
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
@@ -542,7 +931,7 @@ __device__ __forceinline__ void block_dot_tokens(const W* w, int64_t cols, const
   float acc[kTokenGroup];
 #pragma unroll
   for (int t = 0; t < kTokenGroup; ++t) acc[t] = 0.0f;
-#pragma unroll 4
+#pragma unroll 16
   for (int64_t c = threadIdx.x; c < cols; c += kBlock) {
     const float wv = load_w(w, c);
 #pragma unroll
@@ -693,7 +1082,21 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
   RmsNormArgs a = args;
   if (a.ld_x == 0) a.ld_x = a.dim;
   if (a.ld_out == 0) a.ld_out = a.dim;
-  launch("launching the RMSNorm kernel", rmsnorm_kernel, dim3(grid_dim(a.n, "rmsnorm")), dim3(kNormBlock), 0, stream, a);
+  const bool vec = a.dim % 4 == 0 && a.ld_x % 4 == 0 && a.ld_out % 4 == 0 &&
+                   (reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.out) |
+                    reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.residual)) % 16 == 0;
+  const int64_t per_thread = (a.dim / 4 + kNormVecBlock - 1) / kNormVecBlock;
+  const dim3 grid(grid_dim(a.n, "rmsnorm"));
+  if (vec && per_thread <= 1)
+    launch("launching the RMSNorm kernel", rmsnorm_vec_kernel<1>, grid, dim3(kNormVecBlock), 0, stream, a);
+  else if (vec && per_thread <= 2)
+    launch("launching the RMSNorm kernel", rmsnorm_vec_kernel<2>, grid, dim3(kNormVecBlock), 0, stream, a);
+  else if (vec && per_thread <= 4)
+    launch("launching the RMSNorm kernel", rmsnorm_vec_kernel<4>, grid, dim3(kNormVecBlock), 0, stream, a);
+  else if (vec && per_thread <= 8)
+    launch("launching the RMSNorm kernel", rmsnorm_vec_kernel<8>, grid, dim3(kNormVecBlock), 0, stream, a);
+  else
+    launch("launching the RMSNorm kernel", rmsnorm_kernel, grid, dim3(kNormBlock), 0, stream, a);
 }
 
 void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
@@ -703,6 +1106,25 @@ void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
   if (a.n_heads <= 0 || a.n_kv_heads <= 0 || (a.q_norm == nullptr) != (a.k_norm == nullptr))
     throw_error("RoPE: bad head counts, or a q norm without a k norm");
   const unsigned grid = grid_dim(a.n, "RoPE");
+  const int64_t D = a.head_dim;
+  if ((D == 64 || D == 128 || D == 256) && (!a.q_norm || a.norm_per_head) &&
+      (a.kv_type == DType::F32 || a.kv_type == DType::BF16)) {
+    const dim3 head_grid(grid, unsigned((a.n_heads + a.n_kv_heads + kRopeHeadsPerBlock - 1) / kRopeHeadsPerBlock));
+    const dim3 block(kRopeHeadsPerBlock * 32);
+    auto go = [&](auto kv_tag, auto pl_tag) {
+      using KV = decltype(kv_tag);
+      constexpr int kPL = decltype(pl_tag)::value;
+      launch("launching the RoPE/KV-write kernel", rope_kv_head_kernel<KV, kPL>, head_grid, block, 0, stream, a);
+    };
+    auto by_dim = [&](auto kv_tag) {
+      if (D == 64) go(kv_tag, std::integral_constant<int, 2>{});
+      else if (D == 128) go(kv_tag, std::integral_constant<int, 4>{});
+      else go(kv_tag, std::integral_constant<int, 8>{});
+    };
+    if (a.kv_type == DType::F32) by_dim(float{});
+    else by_dim(__nv_bfloat16{});
+    return;
+  }
   if (a.kv_type == DType::F32)
     launch("launching the RoPE/KV-write kernel", rope_kv_kernel<float>, dim3(grid), dim3(kNormBlock), 0, stream, a);
   else if (a.kv_type == DType::BF16)
@@ -711,9 +1133,7 @@ void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
 }
 
 // Partitions in the grid: the most any token of the batch may have.
-int32_t grid_partitions(int32_t max_positions) {
-  return max_positions <= 0 ? 1 : attention_split(max_positions).parts;
-}
+int32_t grid_partitions(int32_t max_positions) { return attention_grid_partitions(max_positions); }
 
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions) {
   const int64_t parts = grid_partitions(max_positions);
@@ -741,10 +1161,18 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (const char* cap = std::getenv("SPILL_CUDA_ATTN_HEADS")) G = std::max(1, std::min(G, std::atoi(cap)));
   while (group % G != 0) G /= 2;
   const dim3 grid(grid_dim(a.n * (a.n_heads / G), "attention"), unsigned(parts));
+  const int64_t D = a.head_dim;
   auto go = [&](auto kv_tag, auto g_tag) {
     using KV = decltype(kv_tag);
     constexpr int kG = decltype(g_tag)::value;
-    launch("launching the attention kernel", attention_kernel<KV, kG>, grid, dim3(kBlock), 0, stream, a, parts);
+    if (D == 64)
+      launch("launching the attention kernel", attention_tile_kernel<KV, kG, 2>, grid, dim3(kBlock), 0, stream, a, parts);
+    else if (D == 128)
+      launch("launching the attention kernel", attention_tile_kernel<KV, kG, 4>, grid, dim3(kBlock), 0, stream, a, parts);
+    else if (D == 256)
+      launch("launching the attention kernel", attention_tile_kernel<KV, kG, 8>, grid, dim3(kBlock), 0, stream, a, parts);
+    else
+      launch("launching the attention kernel", attention_kernel<KV, kG>, grid, dim3(kBlock), 0, stream, a, parts);
   };
   auto by_heads = [&](auto kv_tag) {
     switch (G) {
@@ -768,8 +1196,16 @@ void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bo
   if (n <= 0) return;
   if (n_experts <= 0 || n_experts > 8192 || k <= 0 || k > n_experts)
     throw_error("router: need 1 <= top_k (" + str(k) + ") <= n_experts (" + str(n_experts) + ") <= 8192");
-  launch("launching the router kernel", route_topk_kernel, dim3(grid_dim(n, "router")), dim3(32),
-         size_t(n_experts) * sizeof(float), stream, logits, n_experts, k, renormalise, ids, weights);
+  const dim3 grid(grid_dim(n, "router"));
+  if (n_experts <= 128)
+    launch("launching the router kernel", route_topk_regs_kernel<4>, grid, dim3(32), 0, stream, logits,
+           int32_t(n_experts), int32_t(k), renormalise, ids, weights);
+  else if (n_experts <= 256)
+    launch("launching the router kernel", route_topk_regs_kernel<8>, grid, dim3(32), 0, stream, logits,
+           int32_t(n_experts), int32_t(k), renormalise, ids, weights);
+  else
+    launch("launching the router kernel", route_topk_kernel, grid, dim3(32), size_t(n_experts) * sizeof(float), stream,
+           logits, n_experts, k, renormalise, ids, weights);
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, int64_t width, float* out, cudaStream_t stream) {

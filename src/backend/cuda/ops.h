@@ -96,6 +96,14 @@ __host__ __device__ inline AttentionSplit attention_split(int32_t n_pos) {
   length = (length + 31) / 32 * 32;
   return {(n_pos + length - 1) / length, length};
 }
+// The most partitions any context of at most max_positions positions splits into: a grid sized for
+// the batch's longest context must hold them all, and attention_split(n).parts is not monotonic in n
+// (8192 positions split into 64 partitions of 128, 8193 into 52 of 160).
+__host__ __device__ inline int32_t attention_grid_partitions(int32_t max_positions) {
+  if (max_positions <= kMinAttentionPartition) return 1;
+  const int32_t parts = (max_positions + kMinAttentionPartition - 1) / kMinAttentionPartition;
+  return parts < kMaxAttentionPartitions ? parts : kMaxAttentionPartitions;
+}
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t ld_q = 0;
