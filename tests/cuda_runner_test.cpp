@@ -252,6 +252,57 @@ TEST_F(CudaRunnerTest, MixedPrefillAndDecodeStepMatchesTheCpuRunner) {
   }
 }
 
+// forward_sample picks on the device exactly what each row's SequenceSampler picks from the same
+// runner's logits (greedy, seeded sampling with top-k/top-p/min-p, penalties, logprobs), and leaves
+// every sampler in the state its own sample() would have: several steps, decode graphs replayed.
+TEST_F(CudaRunnerTest, SamplingOnTheDeviceMatchesTheSamplersOnItsLogits) {
+  auto model = Model::load(dir_->path());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(3, 64, 4, &n_blocks, 12);
+  auto gpu = cuda_runner(*model, n_blocks, 4);
+  std::vector<SamplingParams> params(3);
+  params[0].temperature = 0.0f;
+  params[1].temperature = 0.9f, params[1].top_k = 40, params[1].top_p = 0.9f, params[1].seed = 7;
+  params[2].temperature = 1.3f, params[2].min_p = 0.02f, params[2].repetition_penalty = 1.3f,
+  params[2].presence_penalty = 0.5f, params[2].frequency_penalty = 0.25f, params[2].seed = 99;
+  params[2].logprobs = true, params[2].top_logprobs = 5;
+  std::vector<std::vector<int32_t>> prompts = {{4, 9, 31}, {200, 1, 1, 7, 55}, {12, 12, 12, 290}};
+  std::vector<SequenceSampler> host, device;
+  for (size_t i = 0; i < 3; ++i) {
+    host.emplace_back(params[i], prompts[i], 1000 + i);
+    device.emplace_back(params[i], prompts[i], 1000 + i);
+  }
+  std::vector<SequenceSampler*> device_ptrs = {&device[0], &device[1], &device[2]};
+  SamplerWorkspace ws;
+  std::vector<Part> step;
+  for (int i = 0; i < 3; ++i) step.push_back({i, prompts[size_t(i)], 0});
+  for (int iter = 0; iter < 6; ++iter) {
+    const ForwardBatch b = s.make(step, false);
+    std::vector<float> logits;
+    gpu->forward(b, logits);  // the same step twice writes the same KV entries: the logits repeat
+    StepResult out;
+    gpu->forward_sample(b, device_ptrs, out);
+    ASSERT_EQ(out.rows.size(), 3u);
+    for (size_t r = 0; r < 3; ++r) {
+      ASSERT_TRUE(out.rows[r].ok()) << out.rows[r].error;
+      const SampledToken want = host[r].sample(std::span<const float>(logits).subspan(r * 300, 300), ws);
+      EXPECT_EQ(out.rows[r].sampled.token, want.token) << "row " << r << " step " << iter;
+      if (params[r].logprobs) {
+        EXPECT_NEAR(out.rows[r].sampled.logprob, want.logprob, 1e-5) << "row " << r;
+        ASSERT_EQ(out.rows[r].sampled.top.size(), want.top.size());
+        for (size_t j = 0; j < want.top.size(); ++j) EXPECT_EQ(out.rows[r].sampled.top[j].token, want.top[j].token);
+      }
+      EXPECT_EQ(device[r].n_sampled(), host[r].n_sampled());
+    }
+    std::vector<Part> next;
+    for (int i = 0; i < 3; ++i) {
+      const int32_t pos = step[size_t(i)].start_pos + int32_t(step[size_t(i)].tokens.size());
+      next.push_back({i, {out.rows[size_t(i)].sampled.token}, pos});
+    }
+    step = next;
+  }
+}
+
 // A context of ~1500 positions: attention split into a dozen partitions, prefilled in chunks of the
 // runner's token limit, then decoded (graphs of a 16-partition grid).
 TEST_F(CudaRunnerTest, LongContextMatchesTheCpuRunner) {

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +26,8 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "model/runner.h"
+#include "sampling/sampler.h"
 
 using namespace spill;
 
@@ -40,6 +43,7 @@ struct Args {
   int layers = 0;                // > 0: override the shape's layer count (quick runs)
   bool profile = false;          // time each op with events (steps launched eagerly, no graphs)
   bool graphs = true;
+  bool host_logits = false;
 };
 
 // Counts distinct routed experts per layer.
@@ -75,6 +79,7 @@ int main(int argc, char** argv) {
     else if (f == "--layers") a.layers = std::atoi(next().c_str());
     else if (f == "--profile") a.profile = true;
     else if (f == "--no-graphs") a.graphs = false;
+    else if (f == "--host-logits") a.host_logits = true;
     else if (f == "--batches") {
       a.batches.clear();
       std::stringstream ss(next());
@@ -82,7 +87,7 @@ int main(int argc, char** argv) {
       while (std::getline(ss, item, ',')) a.batches.push_back(std::atoi(item.c_str()));
     } else {
       std::fprintf(stderr, "usage: %s [--shape F] [--quant MIX] [--batches 1,4,8] [--context N] [--steps N] "
-                           "[--ceiling GBps] [--layers N] [--profile] [--no-graphs]\n", argv[0]);
+                           "[--ceiling GBps] [--layers N] [--profile] [--no-graphs] [--host-logits]\n", argv[0]);
       return 2;
     }
   }
@@ -193,11 +198,21 @@ int main(int argc, char** argv) {
       for (const auto& s : routes.per_layer) experts_per_layer += double(s.size());
       const int64_t distinct = int64_t(experts_per_layer);
       if (!routes.per_layer.empty()) experts_per_layer /= double(routes.per_layer.size());
+      // Each decode step as the engine runs it: greedy samplers, the pick made where the logits are
+      // (--host-logits: every row's logits copied to the host instead).
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      std::vector<SequenceSampler> samplers;
+      for (int i = 0; i < B; ++i) samplers.emplace_back(greedy, std::span<const int32_t>{}, uint64_t(i));
+      std::vector<SequenceSampler*> sampler_ptrs;
+      for (auto& sm : samplers) sampler_ptrs.push_back(&sm);
+      StepResult sampled;
       std::vector<double> ms;
       for (int s = 0; s < a.steps; ++s) {
         const ForwardBatch fb = decode_batch(pos);
         const auto s0 = std::chrono::steady_clock::now();
-        runner->forward(fb, logits);
+        if (a.host_logits) runner->forward(fb, logits);
+        else runner->forward_sample(fb, sampler_ptrs, sampled);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
         ++pos;
       }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/sampling.h"
 #include "model/model.h"
 
 namespace spill {
@@ -128,6 +130,10 @@ class CudaRunner final : public ModelRunner {
   const RunnerLimits& limits() const override { return limits_; }
   std::string describe() const override;
   void forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) override;
+  // Samples on the device (cuda::SamplingPlan, the samplers as its exact reference): only the
+  // sampled ids and logprobs come back to the host.
+  void forward_sample(const ForwardBatch& batch, std::span<SequenceSampler* const> samplers, StepResult& out,
+                      ForwardObserver* observer) override;
 
   // Points layer `layer`'s expert table at the given matrices (device-visible addresses: VRAM or
   // mapped pinned host memory), one entry per expert. The one place expert addresses enter the
@@ -148,6 +154,9 @@ class CudaRunner final : public ModelRunner {
   // Enqueues the step from the embedding to the logits in logits_dev_ (copied into *logits pass by
   // pass when given: more rows than one pass holds).
   void enqueue_step(const Step& step, ForwardObserver* observer, std::vector<float>* logits = nullptr);
+  // Runs a step on the stream, its logit rows left in logits_dev_, copied into *logits when given;
+  // returns the number of logit rows. No host synchronisation when logits is null.
+  int64_t run_step(const ForwardBatch& batch, ForwardObserver* observer, std::vector<float>* logits);
   void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias);
   void experts(const DeviceLayer& layer, const float* x, int64_t n, float* out);
   void observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows, int64_t cols);
@@ -190,6 +199,7 @@ class CudaRunner final : public ModelRunner {
   int32_t* route_ids_ = nullptr;
   void* moe_workspace_ = nullptr;
   int64_t logit_rows_per_pass_ = 0;
+  std::unique_ptr<cuda::SamplingPlan> sampling_;  // for logit_rows_per_pass_ rows
   int64_t attn_tokens_per_call_ = 0;
 
   // Step metadata, host (pinned) and device, at fixed offsets sized by the config's limits.
@@ -345,6 +355,12 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
 
   upload_weights(model);
   allocate_workspace();
+  // The device sampler's scratch (12 bytes per logit per row), before the KV pool takes the rest.
+  // Its integer masses cover vocabularies up to 2^18; a larger one samples on the host.
+  if (spec_.vocab_size <= (int64_t(1) << 18)) {
+    sampling_ = std::make_unique<cuda::SamplingPlan>(int32_t(logit_rows_per_pass_), spec_.vocab_size);
+    workspace_bytes_ += 12 * logit_rows_per_pass_ * spec_.vocab_size;
+  }
 
   // The KV pool: as many blocks as asked, or what the budget (or, with none, the free memory less a
   // reserve) holds.
@@ -734,6 +750,51 @@ void CudaRunner::observe(ForwardObserver* observer, const char* name, int layer,
 }
 
 void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
+  run_step(batch, observer, &logits);
+  check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
+  if (config_.profile_ops) collect_profile();
+}
+
+void CudaRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSampler* const> samplers, StepResult& out,
+                                ForwardObserver* observer) {
+  if (batch.all_logits) fail("forward_sample: a batch that wants every token's logits is for forward() (internal error)");
+  if (int64_t(samplers.size()) != batch.n_logit_rows())
+    fail("forward_sample: {} samplers for {} logit rows (internal error)", samplers.size(), batch.n_logit_rows());
+  if (!sampling_) {
+    ModelRunner::forward_sample(batch, samplers, out, observer);
+    return;
+  }
+  const int64_t rows = run_step(batch, observer, nullptr);
+  if (rows > logit_rows_per_pass_)
+    fail("forward_sample: {} logit rows exceed one pass of the LM head ({}) (internal error)", rows, logit_rows_per_pass_);
+  out.rows.resize(size_t(rows));
+  if (rows == 0) {
+    check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!samplers[size_t(r)]) fail("forward_sample: logit row {} has no sampler (internal error)", r);
+    sampling_->set_row(int32_t(r), *samplers[size_t(r)]);
+  }
+  sampling_->launch(logits_dev_, int32_t(rows), stream_);
+  const std::span<const cuda::GpuSampledToken> picked = sampling_->finish(stream_);
+  if (config_.profile_ops) collect_profile();
+  for (int64_t r = 0; r < rows; ++r) {
+    SampledRow& row = out.rows[size_t(r)];
+    SequenceSampler& sampler = *samplers[size_t(r)];
+    row.error.clear();
+    try {
+      row.sampled = cuda::to_sampled_token(picked[size_t(r)], sampler.params());
+      sampler.accept(row.sampled.token);
+    } catch (const Error& e) {
+      // No finite logit in this row: this request only.
+      row.sampled = SampledToken{};
+      row.error = e.what();
+    }
+  }
+}
+
+int64_t CudaRunner::run_step(const ForwardBatch& batch, ForwardObserver* observer, std::vector<float>* logits_out) {
   check_batch(batch);
   check(cudaSetDevice(config_.device), "CUDA runner: selecting the device");
   const int64_t n = batch.n_tokens(), H = spec_.hidden_size, V = spec_.vocab_size;
@@ -784,7 +845,7 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
   }
   launches_ = embed_on_device_ ? 1 : 2;
 
-  logits.resize(size_t(st.rows * V));
+  if (logits_out) logits_out->resize(size_t(st.rows * V));
   event_ops_.clear();
   if (decode_only && n > 0 && config_.cuda_graphs && !config_.profile_ops && st.rows <= logit_rows_per_pass_) {
     // Decode steps replay a graph captured once per (batch size, attention partitions): nothing
@@ -813,13 +874,13 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
     }
     check(cudaGraphLaunch(it->second.exec, stream_), "CUDA runner: launching a step's graph");
     launches_ = it->second.launches;
-    check(cudaMemcpyAsync(logits.data(), logits_dev_, size_t(st.rows * V) * 4, cudaMemcpyDeviceToHost, stream_),
-          "CUDA runner: copying logits");
+    if (logits_out)
+      check(cudaMemcpyAsync(logits_out->data(), logits_dev_, size_t(st.rows * V) * 4, cudaMemcpyDeviceToHost, stream_),
+            "CUDA runner: copying logits");
   } else {
-    enqueue_step(st, observer, &logits);
+    enqueue_step(st, observer, logits_out);
   }
-  check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
-  if (config_.profile_ops) collect_profile();
+  return st.rows;
 }
 
 void CudaRunner::mark(const char* op) {
