@@ -265,8 +265,9 @@ TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
   // Few experts, so the token shares them with others of the batch. Up to 8 tokens take the
-  // kernels' one-token build, 17 their 8-token build: a token's bits must not change either way.
-  for (int64_t n : {8, 17}) {
+  // kernels' one-token build, more their 8-token build with the pairs grouped by expert first (200:
+  // many groups of 8 per expert): a token's bits must not change either way.
+  for (int64_t n : {8, 17, 200}) {
     const Routing batch = random_routing(c, n, 6, 52);
     const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, n, n);
     for (int64_t t : {int64_t(0), int64_t(5), n - 1}) {

@@ -179,7 +179,7 @@ inline std::vector<float> all_logits(const Model& model, const std::vector<int32
   auto runner = make_cpu_runner(model, kv, 1);
   ForwardBatch batch;
   batch.tokens = ids;
-  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .want_logits = true});
+  batch.seqs.push_back({.first_token = 0, .n_tokens = int32_t(ids.size()), .start_pos = 0, .block_table = {}, .want_logits = true});
   tables.attach(batch.seqs.back());
   batch.all_logits = true;
   std::vector<float> logits;

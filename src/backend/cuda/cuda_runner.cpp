@@ -720,7 +720,7 @@ void CudaRunner::experts(const DeviceLayer& d, const float* x, int64_t n, float*
       a.out = out + t0 * H;
       a.workspace = moe_workspace_;
       cuda::moe_experts(d.moe_plan, a, stream_);
-      launches_ += cuda::kMoeLaunchesPerCall;
+      launches_ += cuda::moe_launches(nt);
     }
     return;
   }

@@ -1,5 +1,6 @@
 #include "backend/cuda/moe.h"
 
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/block_dot.cuh"
@@ -40,6 +41,18 @@ size_t down_smem(const MoeShape& s, int64_t n, int64_t pairs) {
          size_t(act_q8_bytes(token_group_for(s.width, n), int(s.width))) + size_t(pairs) * sizeof(int);
 }
 
+// Calls of more than kMaxTokenGroup tokens (prefill chunks) group their pairs by expert first, in
+// one small kernel, instead of every block scanning every pair (quadratic in the pairs): for E
+// experts, the active keys (experts with a pair, ascending; key E stands for invalid ids), where
+// each key's pairs start in `sorted`, and the pairs themselves. A pair's arithmetic never depends
+// on which pairs share its expert or their order, so the grouping changes no bits.
+struct PairGroups {
+  int32_t* n_active;  // [1]
+  int32_t* active;    // [E + 1] keys with pairs, ascending
+  int32_t* start;     // [E + 2] first index in sorted of each key (start[E + 1] = pairs)
+  int32_t* sorted;    // [pairs] pair indices, grouped by key
+};
+
 struct MoeParams {
   const ExpertWeights* table;
   const float* x;
@@ -53,10 +66,87 @@ struct MoeParams {
   int32_t n_experts, top_k, pairs;
   int32_t stride;   // staged row stride in shared memory
   int32_t token_group, act_bytes;  // tokens rounded to int8 at once, and their shared bytes
+  bool grouped;     // pairs grouped by moe_group_kernel (groups); else each block gathers its own
+  PairGroups groups;
 };
 
 __device__ __forceinline__ int expert_key(int32_t id, int32_t n_experts) {
   return id >= 0 && id < n_experts ? id : -1;  // all invalid ids form one group that contributes 0
+}
+
+constexpr int kGroupThreads = 1024;
+// One block: counts per key, an exclusive scan, then each pair placed at its key's next free index.
+__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeParams p) {
+  wait_for_previous_grid();  // the ids come from the router
+  allow_next_grid();
+  __shared__ int32_t count[kMaxExperts + 1];
+  __shared__ int32_t cursor[kMaxExperts + 1];
+  __shared__ int32_t warp_total[kGroupThreads / 32];
+  const int keys = p.n_experts + 1;
+  for (int k = threadIdx.x; k < keys; k += kGroupThreads) count[k] = 0;
+  __syncthreads();
+  for (int q = threadIdx.x; q < p.pairs; q += kGroupThreads) {
+    const int key = expert_key(p.ids[q], p.n_experts);
+    atomicAdd(&count[key < 0 ? p.n_experts : key], 1);
+  }
+  __syncthreads();
+  // Exclusive scan of count over keys: each thread a contiguous run of keys, then the runs' totals.
+  const int per = (keys + kGroupThreads - 1) / kGroupThreads;
+  const int k0 = threadIdx.x * per, k1 = min(keys, k0 + per);
+  int run = 0;
+  for (int k = k0; k < k1; ++k) run += count[k];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int incl = run;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  __syncthreads();
+  int base = incl - run;
+  for (int w = 0; w < warp; ++w) base += warp_total[w];
+  for (int k = k0; k < k1; ++k) {
+    cursor[k] = base;
+    p.groups.start[k] = base;
+    base += count[k];
+  }
+  if (threadIdx.x == 0) p.groups.start[keys] = p.pairs;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int a = 0;
+    for (int k = 0; k < keys; ++k)
+      if (count[k] > 0) p.groups.active[a++] = k;
+    *p.groups.n_active = a;
+  }
+  for (int q = threadIdx.x; q < p.pairs; q += kGroupThreads) {
+    const int key = expert_key(p.ids[q], p.n_experts);
+    p.groups.sorted[atomicAdd(&cursor[key < 0 ? p.n_experts : key], 1)] = q;
+  }
+}
+
+// Block y's group in grouped mode: its key (-1 for invalid ids) and its pairs copied into list;
+// returns the count (0: no group for this block).
+__device__ int grouped_pairs(const MoeParams& p, int y, int* list, int* shared_count, int* key_out) {
+  if (threadIdx.x == 0) {
+    const int n_active = *p.groups.n_active;
+    int m = 0, key = -1;
+    if (y < n_active) {
+      const int k = p.groups.active[y];
+      m = p.groups.start[k + 1] - p.groups.start[k];
+      key = k == p.n_experts ? -1 : k;
+    }
+    *shared_count = m;
+    *key_out = key;
+  }
+  __syncthreads();
+  const int m = *shared_count;
+  if (m > 0) {
+    const int k = *key_out < 0 ? p.n_experts : *key_out;
+    const int32_t* src = p.groups.sorted + p.groups.start[k];
+    for (int i = threadIdx.x; i < m; i += blockDim.x) list[i] = src[i];
+  }
+  __syncthreads();
+  return m;
 }
 
 // The grouping, on the device: this block's expert key (from ids[pair]), whether its pair is the
@@ -107,10 +197,16 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
   // This pair's expert and its table entry are fetched before the scan of the ids, so the table
   // read overlaps it instead of following it (one memory round trip less before the weights).
-  const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);
   ExpertWeights e{};
-  if (own_key >= 0) e = p.table[own_key];
-  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  int m;
+  if (p.grouped) {
+    m = grouped_pairs(p, blockIdx.y, list, &count, &shared_key);
+    if (m > 0 && shared_key >= 0) e = p.table[shared_key];
+  } else {
+    const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);
+    if (own_key >= 0) e = p.table[own_key];
+    m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  }
   const int key = shared_key;
   if (m == 0 || key < 0) return;
 
@@ -160,23 +256,32 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
   allow_next_grid();
   const int staged_bytes = kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16;
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
-  const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);  // as in gate/up: the table read
-  ExpertWeights e{};                                                // overlaps the scan of the ids
-  if (own_key >= 0) e = p.table[own_key];
-  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  ExpertWeights e{};
+  int m;
+  if (p.grouped) {
+    // The groups were complete before the gate/up kernel started (it waited for them).
+    m = grouped_pairs(p, blockIdx.y, list, &count, &shared_key);
+    if (m > 0 && shared_key >= 0) e = p.table[shared_key];
+  } else {
+    const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);  // as in gate/up: the table read
+    if (own_key >= 0) e = p.table[own_key];                           // overlaps the scan of the ids
+    m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  }
   const int key = shared_key;
   if (m == 0) return;
 
   // How many blocks take part in this tile: one per distinct key among the pairs.
   const int words = (p.n_experts + 31) / 32 + 1;
-  for (int i = threadIdx.x; i < words; i += blockDim.x) seen[i] = 0;
-  __syncthreads();
-  for (int q = threadIdx.x; q < p.pairs; q += blockDim.x) {
-    const int k = expert_key(p.ids[q], p.n_experts);
-    if (k < 0) atomicOr(&seen[words - 1], 1u);
-    else atomicOr(&seen[k / 32], 1u << (k % 32));
+  if (!p.grouped) {
+    for (int i = threadIdx.x; i < words; i += blockDim.x) seen[i] = 0;
+    __syncthreads();
+    for (int q = threadIdx.x; q < p.pairs; q += blockDim.x) {
+      const int k = expert_key(p.ids[q], p.n_experts);
+      if (k < 0) atomicOr(&seen[words - 1], 1u);
+      else atomicOr(&seen[k / 32], 1u << (k % 32));
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row0 = int64_t(blockIdx.x) * kDownRows;
@@ -235,7 +340,9 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
   __syncthreads();
   if (threadIdx.x == 0) {
     int participants = 0;
-    for (int i = 0; i < words; ++i) participants += __popc(seen[i]);
+    if (p.grouped) participants = *p.groups.n_active;
+    else
+      for (int i = 0; i < words; ++i) participants += __popc(seen[i]);
     last_block = atomicAdd(&p.counters[blockIdx.x], 1) == participants - 1;
   }
   __syncthreads();
@@ -258,14 +365,16 @@ bool decodable(DType t) { return dispatch_block_type(t, [](auto) {}); }
 int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
 
 struct WorkspaceLayout {
-  int64_t act = 0, partial = 0, counters = 0, bytes = 0;
+  int64_t act = 0, partial = 0, groups = 0, counters = 0, bytes = 0;
 };
 WorkspaceLayout workspace_layout(const MoePlan& plan) {
   const int64_t pairs = plan.max_tokens * plan.shape.top_k;
+  const int64_t keys = plan.shape.n_experts + 1;
   WorkspaceLayout w;
   w.act = 0;
   w.partial = align16(pairs * plan.shape.width * 4);
-  w.counters = w.partial + align16(pairs * plan.shape.hidden * 4);
+  w.groups = w.partial + align16(pairs * plan.shape.hidden * 4);
+  w.counters = w.groups + align16((1 + keys + keys + 1 + pairs) * 4);
   w.bytes = w.counters + align16((plan.shape.hidden + kDownRows - 1) / kDownRows * 4);
   return w;
 }
@@ -340,6 +449,18 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
   p.n_experts = s.n_experts;
   p.top_k = s.top_k;
   p.pairs = int32_t(a.n * s.top_k);
+  // Grouping first for calls past the one-token builds (prefill); decode steps gather in place.
+  p.grouped = a.n > kMaxTokenGroup;
+  {
+    int32_t* g = reinterpret_cast<int32_t*>(ws + w.groups);
+    const int32_t keys = s.n_experts + 1;
+    p.groups = {.n_active = g, .active = g + 1, .start = g + 1 + keys, .sorted = g + 1 + keys + keys + 1};
+  }
+  // Blocks per row tile: one per pair when each block gathers, one per active key when grouped.
+  const unsigned group_blocks = unsigned(p.grouped ? std::min<int64_t>(p.pairs, s.n_experts + 1) : p.pairs);
+  if (p.grouped)
+    check(launch_overlapped(moe_group_kernel, dim3(1), dim3(kGroupThreads), 0, stream, p),
+          "launching the MoE grouping kernel");
 
   dispatch_block_type(s.gate_up_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
@@ -348,7 +469,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     q.token_group = token_group_for(s.hidden, a.n);
     q.act_bytes = act_q8_bytes(q.token_group, int(s.hidden));
     const size_t smem = gate_up_smem(s, a.n, p.pairs);
-    const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), unsigned(p.pairs));
+    const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), group_blocks);
     auto* kernel = a.n <= kMaxTokenGroup ? moe_gate_up_kernel<T, 1> : moe_gate_up_kernel<T, kMaxTokenGroup>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "raising the MoE gate/up kernel's shared memory limit");
@@ -362,7 +483,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     q.token_group = token_group_for(s.width, a.n);
     q.act_bytes = act_q8_bytes(q.token_group, int(s.width));
     const size_t smem = down_smem(s, a.n, p.pairs);
-    const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), unsigned(p.pairs));
+    const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), group_blocks);
     auto* kernel = a.n <= kMaxTokenGroup ? moe_down_kernel<T, 1> : moe_down_kernel<T, kMaxTokenGroup>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "raising the MoE down kernel's shared memory limit");

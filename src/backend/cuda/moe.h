@@ -2,7 +2,8 @@
 //   out[t] = sum over slots j < top_k, in slot order, of weight[t, j] * E_ids[t, j](x[t]),
 //   E(x) = down(silu(gate x) * (up x)),
 // with gate/up/down in ggml block formats, reached through a per-expert pointer table that lives
-// in device memory. Two launches, no host synchronisation:
+// in device memory. Two launches (three for calls of more than 8 tokens, whose pairs a small
+// kernel first groups by expert so no block scans them all), no host synchronisation:
 //   1. gate_up: one block of 8 warps per (16 rows of the expert width, (token, slot) pair); the
 //      block of the first pair routed to an expert gathers that expert's tokens from the ids (on
 //      the device) and does the work, the others return at once. So an expert's bytes are read
@@ -85,5 +86,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& args, cudaStream_t stream);
 
 // Kernels moe_experts launches per call (for benchmarks' launch counts).
 constexpr int kMoeLaunchesPerCall = 2;
+// Launches of a call of n tokens: calls of more than 8 tokens group their pairs by expert first.
+inline int moe_launches(int64_t n) { return n > 8 ? kMoeLaunchesPerCall + 1 : kMoeLaunchesPerCall; }
 
 }  // namespace spill::cuda
