@@ -35,6 +35,7 @@ namespace {
 
 struct Args {
   std::string shape = "/work/shared/shapes/s30.json";
+  std::string model;  // a model file or folder instead of the synthetic shape
   std::string quant = "experts=q4_k,attention=q8_0,embed=q8_0,head=q8_0";
   std::vector<int> batches = {1, 4, 8};
   int context = 512;
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (f == "--shape") a.shape = next();
+    else if (f == "--model") a.model = next();
     else if (f == "--quant") a.quant = next();
     else if (f == "--context") a.context = std::atoi(next().c_str());
     else if (f == "--steps") a.steps = std::atoi(next().c_str());
@@ -86,7 +88,7 @@ int main(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) a.batches.push_back(std::atoi(item.c_str()));
     } else {
-      std::fprintf(stderr, "usage: %s [--shape F] [--quant MIX] [--batches 1,4,8] [--context N] [--steps N] "
+      std::fprintf(stderr, "usage: %s [--shape F | --model FILE.gguf] [--quant MIX] [--batches 1,4,8] [--context N] [--steps N] "
                            "[--ceiling GBps] [--layers N] [--profile] [--no-graphs] [--host-logits]\n", argv[0]);
       return 2;
     }
@@ -114,7 +116,8 @@ int main(int argc, char** argv) {
     flags.synthetic = shape_path;
     flags.quant = a.quant;
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = cli::open_synthetic_model(flags, 0, false, true);
+    // --model: a real file (a GGUF as published, or the random-weight GGUF a peer is measured on).
+    auto model = a.model.empty() ? cli::open_synthetic_model(flags, 0, false, true) : Model::load(a.model);
     const ModelSpec& spec = model->spec();
     const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
     const int32_t bs = 16;
@@ -142,8 +145,9 @@ int main(int argc, char** argv) {
         expert_bytes = bytes_of(w.experts[0].gate) + bytes_of(w.experts[0].up) + bytes_of(w.experts[0].down);
     }
     const int64_t kv_token_bytes = 2 * spec.n_layers * spec.kv_dim() * (config.kv_dtype == DType::F32 ? 4 : 2);
-    std::printf("cuda_decode_bench: %s, %lld layers, quant %s, context %d, block %d, KV %s\n", a.shape.c_str(),
-                (long long)spec.n_layers, a.quant.c_str(), a.context, bs, std::string(dtype_name(config.kv_dtype)).c_str());
+    std::printf("cuda_decode_bench: %s, %lld layers, quant %s, context %d, block %d, KV %s\n",
+                a.model.empty() ? a.shape.c_str() : a.model.c_str(),
+                (long long)spec.n_layers, a.model.empty() ? a.quant.c_str() : "as stored", a.context, bs, std::string(dtype_name(config.kv_dtype)).c_str());
     std::printf("model made and uploaded in %.1f s: weights %.2f GiB on the GPU, KV pool %.2f GiB, workspace %.2f GiB\n",
                 load_s, st.weight_bytes / 1073741824.0, st.kv_bytes / 1073741824.0, st.workspace_bytes / 1073741824.0);
     std::printf("roofline: bytes per step / %.0f GB/s; non-expert weights %.1f MB per step, %.2f MB per expert\n\n",
