@@ -92,4 +92,19 @@ TEST(Cli, BadIdsAndMissingModelAreClearErrors) {
   EXPECT_NE(t3.find("outside the vocabulary"), std::string::npos) << t3;
 }
 
+// --plan places experts for a GPU runner: a missing file is refused at parse time, and on the CPU
+// (where every weight is in host RAM already) the plan is refused by name rather than ignored.
+TEST(Cli, ExpertPlanIsRefusedClearlyWhereItCannotApply) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  const std::string model = (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string();
+  auto [s1, t1] = run(spill_bin() + " generate --device cpu --model " + model + " --prompt-ids 1,2 --max-tokens 1 --plan /nonexistent/plan.json");
+  EXPECT_NE(s1, 0);
+  EXPECT_NE(t1.find("/nonexistent/plan.json"), std::string::npos) << t1;
+  const std::string some_file = (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense" / "config.json").string();
+  // The bundled model (no --model): it has a tokenizer.
+  auto [s2, t2] = run(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --plan " + some_file);
+  EXPECT_EQ(s2, 1);
+  EXPECT_NE(t2.find("on --device cpu every weight is in host RAM already"), std::string::npos) << t2;
+}
+
 }  // namespace

@@ -21,8 +21,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -34,6 +36,7 @@
 #include "model/model.h"
 #include "model/quantize_on_load.h"
 #include "model/runner.h"
+#include "offload/model_experts.h"
 #include "test_models.h"
 
 namespace spill {
@@ -562,6 +565,85 @@ TEST(CudaRunnerModels, QuantizedModelsGreedyMatchTheCpuRunner) {
       quantize_as_asked(*model, request);
       greedy_against_cpu(*model, 8, std::string(mix) + (tied ? " tied" : ""), /*int8_activations=*/true);
     }
+  }
+}
+
+// Experts in host RAM (a plan's share of every MoE layer pinned and mapped, read by the MoE kernels
+// over PCIe) give exactly the logits of all experts in VRAM: prefill, then greedy decode steps
+// replayed from graphs. The runner reports where the expert bytes went.
+TEST(CudaRunnerModels, ExpertsInHostRamGiveTheLogitsOfExpertsInVram) {
+  SPILL_SKIP_WITHOUT_GPU();
+  TempDir dir("spill-cuda-runner-offload");
+  write_random_model(dir.path(), RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 3, .n_heads = 4,
+                                                   .n_kv_heads = 2, .head_dim = 64, .n_experts = 8,
+                                                   .n_experts_per_token = 2, .moe_intermediate_size = 256,
+                                                   .intermediate_size = 512, .dense_layers = {0}, .seed = 23});
+  auto model = Model::load(dir.path());
+  QuantRequest request;
+  request.quant = "experts=q4_k,attention=q8_0,dense=q8_0,head=q8_0,embed=q8_0";
+  quantize_as_asked(*model, request);
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, 13);
+  auto run = [&](std::optional<offload::PlacementPlan> plan, CudaRunnerStats* stats) {
+    CudaRunnerConfig c;
+    c.kv = {.block_size = 16, .n_blocks = n_blocks};
+    c.max_batch_tokens = 64;
+    c.max_seqs = 4;
+    c.kv_dtype = DType::F32;
+    c.expert_plan = std::move(plan);
+    auto gpu = make_cuda_runner(*model, c);
+    std::vector<float> all, lg;
+    std::vector<int32_t> prompt = {3, 77, 150, 9, 400, 12, 31};
+    gpu->forward(s.make({{0, prompt, 0}}, false), lg);
+    all = lg;
+    int32_t pos = int32_t(prompt.size());
+    for (int step = 0; step < 6; ++step) {
+      const int32_t next = argmax(lg.data(), 512);
+      gpu->forward(s.make({{0, {next}, pos++}}, false), lg);
+      all.insert(all.end(), lg.begin(), lg.end());
+    }
+    *stats = cuda_runner_stats(*gpu);
+    return all;
+  };
+  CudaRunnerStats vram_stats, host_stats;
+  const std::vector<float> vram = run(std::nullopt, &vram_stats);
+  for (double share : {0.25, 1.0}) {
+    const offload::PlacementPlan plan = offload::uniform_plan_for(*model, share, 5);
+    const std::vector<float> host = run(plan, &host_stats);
+    ASSERT_EQ(host.size(), vram.size());
+    EXPECT_EQ(std::memcmp(host.data(), vram.data(), vram.size() * 4), 0) << "host share " << share;
+    EXPECT_EQ(host_stats.host_expert_bytes, plan.host_expert_bytes()) << host_stats.expert_store_summary;
+    EXPECT_GT(host_stats.host_expert_bytes, 0);
+    EXPECT_LT(host_stats.weight_bytes, vram_stats.weight_bytes);
+    std::printf("[ measure ] host share %.2f: %lld expert bytes in host RAM, %lld in VRAM\n", share,
+                (long long)host_stats.host_expert_bytes, (long long)host_stats.vram_expert_bytes);
+  }
+}
+
+// A plan the runner cannot take is refused by name: one that puts a layer on another GPU.
+TEST(CudaRunnerModels, ExpertPlansForOtherGpusAreRefusedClearly) {
+  SPILL_SKIP_WITHOUT_GPU();
+  TempDir dir("spill-cuda-runner-offload-bad");
+  write_random_model(dir.path(), RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 2, .n_heads = 4,
+                                                   .n_kv_heads = 2, .head_dim = 64, .n_experts = 4,
+                                                   .n_experts_per_token = 2, .moe_intermediate_size = 256,
+                                                   .intermediate_size = 512, .seed = 24});
+  auto model = Model::load(dir.path());
+  QuantRequest request;
+  request.quant = "q8_0";
+  quantize_as_asked(*model, request);
+  offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.5, 1);
+  plan.layers[1].gpu = 1;
+  CudaRunnerConfig c;
+  c.kv = {.block_size = 16, .n_blocks = 8};
+  c.max_batch_tokens = 16;
+  c.max_seqs = 2;
+  c.expert_plan = plan;
+  try {
+    make_cuda_runner(*model, c);
+    ADD_FAILURE() << "a plan with a layer on GPU 1 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 1 on GPU 1"), std::string::npos) << e.what();
   }
 }
 

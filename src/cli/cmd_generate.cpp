@@ -31,6 +31,7 @@ struct GenerateArgs {
   int max_tokens = 128;
   int threads = 0;
   DeviceChoice device{};
+  std::string plan;  // --plan
   bool ignore_eos = false;
   bool quiet = false;
   SamplingParams sampling;  // the model's defaults with the flags given on top
@@ -92,7 +93,8 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
                                      .kv = {.block_size = block_size, .blocks = hand_built_pool_blocks(spec, n_blocks)},
                                      .limits = {.max_seqs = 1,
                                                 .max_batch_tokens = int64_t(prompt.size()),
-                                                .max_model_len = total}});
+                                                .max_model_len = total},
+                                     .expert_plan = a.plan});
   const HandBuiltTables tables = hand_built_tables(spec, n_blocks);  // one table per KV group
   const std::vector<int32_t>& table = tables.tables[0];
 
@@ -182,6 +184,7 @@ void add_generate_command(CLI::App& app) {
        [](SamplingParams& to, const SamplingParams& from) { to.seed = from.seed; });
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
+  add_plan_option(cmd, a->plan);
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--quiet,-q", a->quiet, "no timing line on stderr");
   cmd->callback([a, flags] { run_generate(*a, *flags); });

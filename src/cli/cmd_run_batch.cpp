@@ -35,6 +35,7 @@ struct RunBatchArgs {
   int64_t max_model_len = 0;
   int threads = 0;
   DeviceChoice device{};
+  std::string plan;  // --plan
   int64_t max_tokens = 128;
   std::optional<float> temperature;  // --temperature; none: the model's generation_config.json
   SamplingParams defaults;           // the model's sampling defaults, with --temperature on top
@@ -169,12 +170,13 @@ void run_batch(RunBatchArgs a) {
   if (a.kv_blocks > 0 && a.kv_mem > 0) fail("give the KV cache size once: --kv-blocks or --kv-mem, not both");
   a.defaults = load_sampling_defaults(dir);
   if (a.temperature) a.defaults.temperature = *a.temperature;
-  const EngineOptions options{
-      .runner = {.device = a.device,
-                 .threads = a.threads,
-                 .kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem}},
-      .quant = a.quant,
-      .imatrix = a.imatrix};
+  EngineOptions options;
+  options.runner.device = a.device;
+  options.runner.threads = a.threads;
+  options.runner.kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem};
+  options.runner.expert_plan = a.plan;
+  options.quant = a.quant;
+  options.imatrix = a.imatrix;
 
   std::ifstream in(a.prompts);
   if (!in) fail("{}: cannot read the prompts file", a.prompts);
@@ -311,6 +313,7 @@ void add_run_batch_command(CLI::App& app) {
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "do not share KV blocks between requests");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
+  add_plan_option(cmd, a->plan);
   cmd->callback([a] { run_batch(*a); });
 }
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "engine/open_engine.h"
 #include "server/http_server.h"
@@ -33,6 +34,7 @@ void add_serve_command(CLI::App& app) {
                   "where the model runs: cpu, cuda (cuda:N for the N-th GPU) or auto (cuda when this build has a CUDA "
                   "runner and a usable GPU is present, else cpu)")
       ->capture_default_str();
+  add_plan_option(cmd, o.expert_plan);
   cmd->add_option("--max-body-bytes", o.max_body_bytes, "largest request body accepted; larger ones get 413")
       ->capture_default_str();
   cmd->add_option("--ping-interval", o.ping_interval_s,

@@ -37,6 +37,14 @@ std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag) 
   return ids;
 }
 
+CLI::Option* add_plan_option(CLI::App* cmd, std::string& path) {
+  return cmd
+      ->add_option("--plan", path,
+                   "placement plan (spill plan --out FILE): the routed experts it lists live in host RAM, read by the "
+                   "GPU in place over PCIe; the rest in VRAM (default: every weight on the GPU)")
+      ->check(CLI::ExistingFile);
+}
+
 CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device) {
   return cmd
       ->add_option_function<std::string>(

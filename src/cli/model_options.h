@@ -40,6 +40,8 @@ std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads
 // spill::Error at parse time. Every command that runs a model has it (engine/open_engine.h).
 CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device);
 
+// --plan FILE into path (which must outlive cmd): the placement plan a GPU runner executes.
+CLI::Option* add_plan_option(CLI::App* cmd, std::string& path);
 // "1,2,3" -> ids; a clear error naming `flag` for anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag);
 

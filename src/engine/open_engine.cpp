@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/quantize_on_load.h"
+#include "offload/plan_file.h"
 
 namespace spill {
 
@@ -28,12 +29,14 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
   // kv.blocks == 0 and kv.bytes == 0: the pool takes what is left of the GPU after the weights and
   // the workspace (less a reserve); limits.max_model_len == 0: the model's context, capped by the pool.
   const RunnerLimits& limits = options.limits;
-  return make_cuda_runner(model, CudaRunnerConfig{.kv = {.block_size = options.kv.block_size, .n_blocks = options.kv.blocks},
-                                                  .kv_budget_bytes = options.kv.bytes,
-                                                  .device = cuda_index,
-                                                  .max_batch_tokens = limits.max_batch_tokens,
-                                                  .max_seqs = limits.max_seqs,
-                                                  .max_model_len = limits.max_model_len});
+  CudaRunnerConfig config{.kv = {.block_size = options.kv.block_size, .n_blocks = options.kv.blocks},
+                          .kv_budget_bytes = options.kv.bytes,
+                          .device = cuda_index,
+                          .max_batch_tokens = limits.max_batch_tokens,
+                          .max_seqs = limits.max_seqs,
+                          .max_model_len = limits.max_model_len};
+  if (!options.expert_plan.empty()) config.expert_plan = offload::load_plan(options.expert_plan);
+  return make_cuda_runner(model, config);
 }
 // ===============================================================================================
 
@@ -90,6 +93,10 @@ DeviceChoice resolve_device(const DeviceChoice& choice) {
 std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options) {
   const DeviceChoice device = resolve_device(options.device);
   if (device.device == Device::Cuda) return open_cuda_runner(model, options, device.cuda_index);
+  if (!options.expert_plan.empty())
+    fail("--plan {}: a placement plan says which experts a GPU reads from host RAM; on --device cpu every weight is "
+         "in host RAM already (drop --plan, or run on cuda)",
+         options.expert_plan);
   return make_cpu_runner(model, CpuRunnerConfig{.kv = options.kv, .limits = options.limits, .n_threads = options.threads});
 }
 

@@ -38,6 +38,9 @@ struct RunnerOptions {
   int threads = 0;        // CPU threads (the CPU runner's pool; a GPU runner's host side); <= 0: all
   KvCapacity kv{};        // block size, and the pool by blocks, by bytes (--kv-mem) or by the runner's default
   RunnerLimits limits{};  // max sequences, tokens per step, model length
+  // --plan: a placement plan (`spill plan --out`) saying which routed experts live in host RAM
+  // (read by the GPU in place over PCIe) and which in VRAM; "": every weight on the GPU. CUDA only.
+  std::string expert_plan{};
 };
 // A runner for model on the device options ask for (resolve_device). The model must outlive it.
 std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options);

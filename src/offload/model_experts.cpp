@@ -1,5 +1,8 @@
 #include "offload/model_experts.h"
 
+#include <algorithm>
+#include <string>
+
 #include "core/error.h"
 #include "model/model.h"
 #include "placement/planner.h"
@@ -35,6 +38,25 @@ ExpertSources expert_sources(const Model& model) {
     out.moe_layers.push_back(std::move(ml));
   }
   return out;
+}
+
+PlacementPlan uniform_plan_for(const Model& model, double host_share, uint64_t seed) {
+  const ModelSpec& s = model.spec();
+  const ExpertSources src = expert_sources(model);
+  if (src.moe_layers.empty()) fail("{}: no routed experts to place", model.where());
+  PlacementPlan p = uniform_plan({.n_layers = s.n_layers, .n_experts = s.n_experts, .top_k = s.n_experts_per_token,
+                                  .hidden_size = s.hidden_size, .moe_intermediate_size = s.moe_intermediate_size,
+                                  .layer_is_moe = s.layer_is_moe, .expert_type = src.moe_layers[0].gate_up_type,
+                                  .expert_bytes = src.moe_layers[0].expert_bytes(), .host_share = host_share,
+                                  .seed = seed});
+  p.where = "a uniform plan (" + std::to_string(host_share) + " of each layer's experts in host RAM)";
+  p.routed_expert_bytes = 0;
+  for (const MoeLayerSource& ml : src.moe_layers) {
+    p.layers[size_t(ml.layer)].expert_bytes = ml.expert_bytes();
+    p.routed_expert_bytes = std::max(p.routed_expert_bytes, ml.expert_bytes());
+  }
+  p.host_bytes = p.host_expert_bytes();
+  return p;
 }
 
 PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome) {

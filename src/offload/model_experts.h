@@ -30,6 +30,11 @@ ExpertSources expert_sources(const Model& model);
 // when the outcome is a refusal.
 PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome);
 
+// offload::uniform_plan for this model: host_share of every MoE layer's experts in host RAM, each
+// layer priced at its own experts' bytes (a GGUF mix may give layers different down types). For
+// benchmarks and tests that want a given share without running the planner.
+PlacementPlan uniform_plan_for(const Model& model, double host_share, uint64_t seed = 1);
+
 #if SPILL_HAVE_CUDA
 // Checks `plan` against `model`, then places every routed expert of the plan's layers on
 // options.plan_gpu as it says and uploads the per-layer device tables. The store must not outlive

@@ -280,13 +280,14 @@ void HttpServer::load_model() {
       profile_writer_ = std::make_unique<placement::ProfileFileWriter>(*recorder_, options_.record_profile,
                                                                        options_.record_profile_interval_s);
     }
-    const EngineOptions engine_options{
-        .runner = {.device = parse_device(options_.device),
-                   .threads = options_.threads,
-                   .kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes}},
-        .quant = options_.quant,
-        .imatrix = options_.imatrix,
-        .require_tokenizer = true};
+    EngineOptions engine_options;
+    engine_options.runner.device = parse_device(options_.device);
+    engine_options.runner.threads = options_.threads;
+    engine_options.runner.kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes};
+    engine_options.runner.expert_plan = options_.expert_plan;
+    engine_options.quant = options_.quant;
+    engine_options.imatrix = options_.imatrix;
+    engine_options.require_tokenizer = true;
     auto engine = open_engine(options_.model_dir, engine_options, config);
     chat_prompt_ = ChatPrompt::load(options_.model_dir, engine->tokenizer());
     defaults_ = GenerationDefaults::load(options_.model_dir);

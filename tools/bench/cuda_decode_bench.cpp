@@ -27,6 +27,8 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/runner.h"
+#include "offload/model_experts.h"
+#include "offload/plan_file.h"
 #include "sampling/sampler.h"
 
 using namespace spill;
@@ -41,10 +43,13 @@ struct Args {
   int context = 512;
   int steps = 20;
   double ceiling_gbps = 4530.0;  // measured HBM read bandwidth of the H200 (issue 12)
+  double pcie_gbps = 50.0;       // measured in-place reads of pinned host memory by a kernel (H200)
   int layers = 0;                // > 0: override the shape's layer count (quick runs)
   bool profile = false;          // time each op with events (steps launched eagerly, no graphs)
   bool graphs = true;
   bool host_logits = false;
+  double host_share = 0;  // > 0: this share of every MoE layer's experts in host RAM (a uniform plan)
+  std::string plan;       // a placement plan file (spill plan --out) instead
 };
 
 // Counts distinct routed experts per layer.
@@ -74,6 +79,8 @@ int main(int argc, char** argv) {
     };
     if (f == "--shape") a.shape = next();
     else if (f == "--model") a.model = next();
+    else if (f == "--host-share") a.host_share = std::atof(next().c_str());
+    else if (f == "--plan") a.plan = next();
     else if (f == "--quant") a.quant = next();
     else if (f == "--context") a.context = std::atoi(next().c_str());
     else if (f == "--steps") a.steps = std::atoi(next().c_str());
@@ -88,7 +95,7 @@ int main(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) a.batches.push_back(std::atoi(item.c_str()));
     } else {
-      std::fprintf(stderr, "usage: %s [--shape F | --model FILE.gguf] [--quant MIX] [--batches 1,4,8] [--context N] [--steps N] "
+      std::fprintf(stderr, "usage: %s [--shape F | --model FILE.gguf] [--quant MIX] [--host-share X | --plan FILE] [--batches 1,4,8] [--context N] [--steps N] "
                            "[--ceiling GBps] [--layers N] [--profile] [--no-graphs] [--host-logits]\n", argv[0]);
       return 2;
     }
@@ -129,6 +136,8 @@ int main(int argc, char** argv) {
     config.max_model_len = int64_t(blocks_per_seq) * bs;
     config.profile_ops = a.profile;
     config.cuda_graphs = a.graphs;
+    if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
+    else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
     auto runner = make_cuda_runner(*model, config);
     const CudaRunnerStats st = cuda_runner_stats(*runner);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -150,6 +159,11 @@ int main(int argc, char** argv) {
                 (long long)spec.n_layers, a.model.empty() ? a.quant.c_str() : "as stored", a.context, bs, std::string(dtype_name(config.kv_dtype)).c_str());
     std::printf("model made and uploaded in %.1f s: weights %.2f GiB on the GPU, KV pool %.2f GiB, workspace %.2f GiB\n",
                 load_s, st.weight_bytes / 1073741824.0, st.kv_bytes / 1073741824.0, st.workspace_bytes / 1073741824.0);
+    if (config.expert_plan)
+      std::printf("experts: %s\n  %.2f GiB in VRAM, %.2f GiB in host RAM (read over PCIe; the roofline below counts "
+                  "them at HBM speed)\n%s\n",
+                  config.expert_plan->where.c_str(), st.vram_expert_bytes / 1073741824.0,
+                  st.host_expert_bytes / 1073741824.0, st.expert_store_summary.c_str());
     std::printf("roofline: bytes per step / %.0f GB/s; non-expert weights %.1f MB per step, %.2f MB per expert\n\n",
                 a.ceiling_gbps, dense_bytes / 1e6, expert_bytes / 1e6);
     std::printf("%6s %10s %12s %12s %10s %10s %12s %10s %9s\n", "batch", "ms/step", "tok/s/strm", "tok/s total",
@@ -223,7 +237,21 @@ int main(int argc, char** argv) {
       std::sort(ms.begin(), ms.end());
       const double step_ms = ms[ms.size() / 2];
       const int64_t bytes = dense_bytes + distinct * expert_bytes + int64_t(B) * (pos - 1) * kv_token_bytes;
-      const double roof_ms = double(bytes) / (a.ceiling_gbps * 1e9) * 1e3;
+      // With experts in host RAM: the routed ones there cross PCIe (in-place reads, ~50 GB/s measured).
+      int64_t host_routed = 0;
+      if (config.expert_plan)
+        for (size_t l = 0; l < routes.per_layer.size() && l < config.expert_plan->layers.size(); ++l)
+          for (int32_t e : routes.per_layer[l]) {
+            const std::vector<int32_t>& h = config.expert_plan->layers[l].host;
+            host_routed += std::binary_search(h.begin(), h.end(), e);
+          }
+      const double host_bytes = double(host_routed * expert_bytes);
+      const double roof_ms = (double(bytes) - host_bytes) / (a.ceiling_gbps * 1e9) * 1e3 + host_bytes / (a.pcie_gbps * 1e9) * 1e3;
+      if (config.expert_plan)
+        std::printf("       %.1f of %.1f routed experts per layer in host RAM: %.1f MB over PCIe per step (roofline: "
+                    "VRAM bytes at %.0f GB/s + host bytes at %.0f GB/s)\n",
+                    double(host_routed) / double(std::max<size_t>(routes.per_layer.size(), 1)), experts_per_layer,
+                    host_bytes / 1e6, a.ceiling_gbps, a.pcie_gbps);
       std::printf("%6d %10.3f %12.1f %12.1f %10.1f %10.1f %12.3f %10.1f %8.1f%%\n", B, step_ms, 1e3 / step_ms,
                   B * 1e3 / step_ms, experts_per_layer, bytes / 1e6, roof_ms, 1e3 / roof_ms, 100 * roof_ms / step_ms);
       if (a.profile) {

@@ -23,6 +23,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
 #include "model/model.h"
+#include "offload/model_experts.h"
 
 namespace spill {
 
@@ -108,7 +109,7 @@ struct DeviceLayer {
   DeviceMatrix router;
   const float* router_bias = nullptr;
   DType expert_gate_up_type = DType::F32, expert_down_type = DType::F32;
-  cuda::ExpertWeights* expert_table = nullptr;  // device [n_experts]
+  const cuda::ExpertWeights* expert_table = nullptr;  // device [n_experts]: the runner's, or the store's
   cuda::MoePlan moe_plan;                        // block-format experts
 };
 
@@ -122,8 +123,18 @@ class CudaRunner final : public ModelRunner {
   }
 
   CudaRunnerStats stats() const {
-    return {.weight_bytes = weight_bytes_, .kv_bytes = kv_bytes_, .workspace_bytes = workspace_bytes_,
-            .launches_last_step = launches_, .op_ms_last_step = op_ms_};
+    CudaRunnerStats s;
+    s.weight_bytes = weight_bytes_;
+    s.kv_bytes = kv_bytes_;
+    s.workspace_bytes = workspace_bytes_;
+    s.launches_last_step = launches_;
+    s.op_ms_last_step = op_ms_;
+    if (store_) {
+      s.vram_expert_bytes = store_->report().vram_bytes;
+      s.host_expert_bytes = store_->report().host_bytes();
+      s.expert_store_summary = store_->report().summary();
+    }
+    return s;
   }
   const ModelSpec& spec() const override { return spec_; }
   const KvCacheConfig& kv_config() const override { return config_.kv; }
@@ -139,6 +150,8 @@ class CudaRunner final : public ModelRunner {
   // mapped pinned host memory), one entry per expert. The one place expert addresses enter the
   // kernels: offloading swaps entries here between steps.
   void build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts);
+  // Builds the expert store from config_.expert_plan and points each MoE layer at its table.
+  void place_experts(const Model& model);
 
  private:
   struct Uploader;
@@ -200,6 +213,7 @@ class CudaRunner final : public ModelRunner {
   void* moe_workspace_ = nullptr;
   int64_t logit_rows_per_pass_ = 0;
   std::unique_ptr<cuda::SamplingPlan> sampling_;  // for logit_rows_per_pass_ rows
+  std::unique_ptr<offload::ExpertStore> store_;   // the routed experts, when placed by a plan
   int64_t attn_tokens_per_call_ = 0;
 
   // Step metadata, host (pinned) and device, at fixed offsets sized by the config's limits.
@@ -474,6 +488,7 @@ void CudaRunner::upload_weights(const Model& model) {
       d.expert_down_type = w.experts[0].down.dtype;
       std::vector<cuda::ExpertWeights>& where = all_experts[size_t(l)];
       where.clear();
+      if (config_.expert_plan) continue;  // the expert store places them (below)
       for (const ExpertWeights& e : w.experts) {
         if (e.gate.dtype != d.expert_gate_up_type || e.up.dtype != d.expert_gate_up_type ||
             e.down.dtype != d.expert_down_type)
@@ -501,8 +516,12 @@ void CudaRunner::upload_weights(const Model& model) {
   placer.start(weights_.as<uint8_t>(), stream_);
   pass(placer);
   placer.finish();
-  for (int64_t l = 0; l < L; ++l)
-    if (layers_[size_t(l)].moe) build_expert_tables(l, all_experts[size_t(l)]);
+  if (config_.expert_plan) {
+    place_experts(model);
+  } else {
+    for (int64_t l = 0; l < L; ++l)
+      if (layers_[size_t(l)].moe) build_expert_tables(l, all_experts[size_t(l)]);
+  }
 
   // Plans and workspaces of the block-format matrices, one workspace per distinct shape.
   std::vector<DeviceMatrix*> matrices{&lm_head_};
@@ -574,6 +593,28 @@ void CudaRunner::upload_weights(const Model& model) {
   }
 }
 
+void CudaRunner::place_experts(const Model& model) {
+  const offload::PlacementPlan& plan = *config_.expert_plan;
+  for (const offload::PlannedLayer& pl : plan.layers)
+    if (pl.gpu != 0)
+      fail("CUDA runner: {} puts layer {} on GPU {}; one runner holds a whole model on one GPU (plan for one GPU)",
+           plan.where, pl.layer, pl.gpu);
+  for (int64_t l = 0; l < spec_.n_layers; ++l)
+    if (layers_[size_t(l)].moe && is_float_type(layers_[size_t(l)].expert_gate_up_type))
+      fail("CUDA runner: an expert plan places block-format experts; layer {}'s are {} (quantize them, e.g. "
+           "--quant q4_k_m)",
+           l, dtype_name(layers_[size_t(l)].expert_gate_up_type));
+  store_ = offload::build_expert_store(model, plan, {.plan_gpu = 0, .cuda_device = config_.device,
+                                                     .in_place = config_.experts_in_place});
+  for (int64_t l = 0; l < spec_.n_layers; ++l) {
+    DeviceLayer& d = layers_[size_t(l)];
+    if (!d.moe) continue;
+    d.expert_table = store_->device_table(l);
+    if (!d.expert_table) fail("CUDA runner: {} gives MoE layer {} no experts table (internal error)", plan.where, l);
+  }
+  weight_bytes_ += store_->report().vram_bytes + store_->report().table_bytes;
+}
+
 void CudaRunner::build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts) {
   if (layer < 0 || layer >= spec_.n_layers || !layers_[size_t(layer)].moe)
     fail("CUDA runner: layer {} has no routed experts", layer);
@@ -583,7 +624,7 @@ void CudaRunner::build_expert_tables(int64_t layer, std::span<const cuda::Expert
     if (((reinterpret_cast<uintptr_t>(e.gate) | reinterpret_cast<uintptr_t>(e.up) | reinterpret_cast<uintptr_t>(e.down)) & 15) != 0)
       fail("CUDA runner: expert matrices must be 16-byte aligned");
   // Ordered on the stream: steps enqueued before see the old table, steps after the new one.
-  check(cudaMemcpyAsync(layers_[size_t(layer)].expert_table, experts.data(), experts.size() * sizeof(cuda::ExpertWeights),
+  check(cudaMemcpyAsync(const_cast<cuda::ExpertWeights*>(layers_[size_t(layer)].expert_table), experts.data(), experts.size() * sizeof(cuda::ExpertWeights),
                         cudaMemcpyHostToDevice, stream_),
         "CUDA runner: writing an expert table");
   check(cudaStreamSynchronize(stream_), "CUDA runner: writing an expert table");

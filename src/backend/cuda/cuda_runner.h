@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/runner.h"
+#include "offload/plan_file.h"
 
 namespace spill {
 
@@ -44,6 +46,15 @@ struct CudaRunnerConfig {
   bool cuda_graphs = true;
   // An event between ops and their device times in cuda_runner_stats (every step launched eagerly).
   bool profile_ops = false;
+  // Where each routed expert lives (offload::ExpertStore): a plan (`spill plan`, or
+  // offload::uniform_plan) puts some of every MoE layer's experts in host RAM, pinned and mapped,
+  // which the MoE kernels read in place over PCIe; the rest go to VRAM. Empty: all in VRAM, as
+  // uploaded with the other weights. Block-format experts only; every layer on this GPU (the plan's
+  // GPU 0).
+  std::optional<offload::PlacementPlan> expert_plan{};
+  // Host experts read from the model file's own pages rather than copied into pinned memory
+  // (offload::ExpertStoreOptions::in_place; off by default, see docs/offload.md).
+  bool experts_in_place = false;
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).
@@ -57,6 +68,9 @@ struct CudaRunnerStats {
   int64_t kv_bytes = 0;         // the KV pool
   int64_t workspace_bytes = 0;  // activations, GEMV/MoE/attention workspaces
   int64_t launches_last_step = 0;  // kernels (and device copies) the last forward enqueued
+  // With an expert plan: the routed experts in VRAM and in host RAM, and the store's start-up lines.
+  int64_t vram_expert_bytes = 0, host_expert_bytes = 0;
+  std::string expert_store_summary;
   // With profile_ops: the last step's device time by op (summed over layers), in step order.
   std::vector<std::pair<std::string, double>> op_ms_last_step;
 };
