@@ -1,0 +1,41 @@
+#!/bin/bash
+# One device call: llama.cpp (CUDA, built here from the peer tarball) and spill on the same random-weight
+# S30 GGUF (../shared/peers/llamacpp/make_gguf.py: experts Q4_K, the rest Q8_0), and spill's time per output
+# token by context on the synthetic S30. Copy into .carry/fin/ with: llama-src.tar.gz and make_gguf.py
+# (../shared/peers/llamacpp/), s30.json (../shared/shapes/), a stripped gzipped cuda_decode_bench built for
+# sm_90; the server's libraries in .carry/lib2. Run as `bash .carry/fin/side_by_side_llamacpp.sh` with carry
+# [".carry/fin", ".carry/lib2"]; results under $OUT. The spill benches on the GGUF run after the llama.cpp
+# build has finished, so nothing shares the host with them.
+cd "$(dirname "$0")/../.."
+D=.carry/fin; O="${OUT:-/tmp/out}"; mkdir -p "$O"
+gunzip -f $D/cuda_decode_bench.gz; chmod +x $D/cuda_decode_bench
+export LD_LIBRARY_PATH="$PWD/.carry/lib2"
+T0=$(date +%s); el() { echo "$(( $(date +%s)-T0 )) s"; }
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$O/env.txt"
+mkdir -p /tmp/llama && tar -xzf $D/llama-src.tar.gz -C /tmp/llama
+( cmake -S /tmp/llama -B /tmp/llama-build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_MTMD=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > "$O/llama-cmake.log" 2>&1 &&
+  nice -n 5 cmake --build /tmp/llama-build -j14 --target llama-bench llama-batched-bench > "$O/llama-build.log" 2>&1
+  echo $? > /tmp/llama-build.rc ) &
+( PYTHONPATH=/tmp/llama/gguf-py python3 $D/make_gguf.py /tmp/s30.gguf s30 > "$O/make_gguf.log" 2>&1; echo $? > /tmp/gguf.rc ) &
+for ctx in 4096 32768; do
+  timeout 170 $D/cuda_decode_bench --shape $D/s30.json --batches 1 --context $ctx --steps 16 > "$O/tpot_$ctx.txt" 2>&1
+  echo "== spill TPOT ctx $ctx rc=$? ($(el)) (the llama.cpp build shares the host)"; grep -E "^ +1 |prefill of" "$O/tpot_$ctx.txt"
+done
+while [ ! -f /tmp/gguf.rc ]; do sleep 2; done; echo "== gguf rc=$(cat /tmp/gguf.rc) ($(el))"
+while [ ! -f /tmp/llama-build.rc ] && [ $(( $(date +%s)-T0 )) -lt 440 ]; do sleep 3; done
+echo "== llama build rc=$(cat /tmp/llama-build.rc 2>/dev/null || echo unfinished) ($(el))"
+B=/tmp/llama-build/bin
+if [ -x $B/llama-bench ]; then
+  timeout 60 $B/llama-bench -m /tmp/s30.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 > "$O/llama-bench.txt" 2>&1
+  echo "== llama-bench rc=$? ($(el))"; grep -E "\| " "$O/llama-bench.txt"
+fi
+if [ -x $B/llama-batched-bench ]; then
+  timeout 60 $B/llama-batched-bench -m /tmp/s30.gguf -ngl 99 -fa on -c 16384 -b 2048 -ub 512 -npp 256 -ntg 64 \
+    -npl 1,2,4,8 > "$O/llama-batched.txt" 2>&1
+  echo "== llama-batched-bench rc=$? ($(el))"; grep -E "^\|" "$O/llama-batched.txt"
+fi
+timeout 90 $D/cuda_decode_bench --model /tmp/s30.gguf --batches 1,2,4,8 --context 512 --steps 32 > "$O/spill_s30_gguf.txt" 2>&1
+echo "== spill on the GGUF rc=$? ($(el))"; tail -9 "$O/spill_s30_gguf.txt"
+echo "total $(el)"
