@@ -1188,6 +1188,8 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
   return Tokenizer(std::move(impl));
 }
 
+std::string byte_level_spelling(std::string_view bytes) { return to_byte_level(bytes); }
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
   return encode(text, add_special, {});
 }

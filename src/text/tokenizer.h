@@ -47,7 +47,14 @@ struct TokenizerParts {
   std::string pre;                   // tokenizer.ggml.pre: qwen2, llama-bpe, deepseek-v3, gpt-2, olmo, ...
   int32_t bos_id = -1, eos_id = -1;
   bool add_bos = false, add_eos = false;
+  // A piece that is itself a token becomes that token before any merge (tiktoken does this);
+  // otherwise the pre-tokenizer's own setting applies.
+  bool ignore_merges = false;
 };
+
+// GPT-2's byte-level spelling of raw bytes, each byte one printable character ("\n" -> "Ċ",
+// " the" -> "Ġthe"): how tokenizer.json and tokenizer.ggml.tokens write tokens.
+std::string byte_level_spelling(std::string_view bytes);
 
 // Immutable after loading; copies share the loaded tables. All methods are thread-safe.
 class Tokenizer {
@@ -62,6 +69,13 @@ class Tokenizer {
   // user-defined tokens become added tokens. Throws spill::Error naming `parts.origin` for an
   // unknown pre-tokenizer or an inconsistent vocabulary.
   static Tokenizer from_parts(const TokenizerParts& parts);
+  // From a tiktoken vocabulary (text/tokenizer_tiktoken.cpp): `model_text` is a tiktoken.model file
+  // (one "<base64 token> <rank>" line per token), `config_text` the tokenizer_config.json whose
+  // added_tokens_decoder names the special tokens and bos/eos, `pre` the tokenizer.ggml.pre name of
+  // the model's regex (Kimi-K2: "kimi-k2"). The ranks become BPE merges as llama.cpp's converter
+  // makes them, so ids equal tiktoken's. Throws spill::Error naming `origin` and the line or field.
+  static Tokenizer from_tiktoken(std::string_view model_text, std::string_view config_text, const std::string& pre,
+                                 const std::string& origin);
 
   // Text -> ids. The post-processor is ignored unless add_special: then the tokens its
   // TemplateProcessing (or Bert/Roberta processor) declares around a single sequence are added,
