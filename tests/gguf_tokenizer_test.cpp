@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <utf8proc.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -336,6 +337,21 @@ TEST(Tiktoken, BadFilesAreClearErrors) {
   EXPECT_NE(message(bytes + base64("ab") + " 99999999999\n", ok_config).find("is not a number"), std::string::npos);
   EXPECT_NE(message(bytes.substr(bytes.find('\n') + 1), ok_config).find("rank 0 is missing"), std::string::npos);
   EXPECT_NE(message("", ok_config).find("no tokens"), std::string::npos);
+  EXPECT_NE(message(bytes + base64(std::string(2000, 'a')) + " 256\n", ok_config).find("2000 bytes is longer"),
+            std::string::npos);
+  // Runs of one byte, each made from the shorter runs: long whitespace tokens as real vocabularies
+  // have them load; a file of many long ones is refused quickly instead of taking minutes.
+  auto runs = [&](const std::string& chars, int longest) {
+    std::string text = bytes;
+    int rank = 256;
+    for (char c : chars)
+      for (int n = 2; n <= longest; ++n) text += base64(std::string(size_t(n), c)) + " " + std::to_string(rank++) + "\n";
+    return text;
+  };
+  EXPECT_EQ(message(runs(" \t\n", 128), R"({"added_tokens_decoder": {}})"), "(loaded)");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(message(runs("abcdefgh", 1024), R"({"added_tokens_decoder": {}})").find("too costly"), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
   EXPECT_NE(message(bytes, "{").find("t.model: tokenizer_config.json"), std::string::npos);
   EXPECT_NE(message(bytes, R"({"added_tokens_decoder": {"12": {"content": "<|x|>"}}})").find("rank 12"),
             std::string::npos);

@@ -597,7 +597,7 @@ template <class T>
 using StringMap = std::unordered_map<std::string, T, StringHash, std::equal_to<>>;
 
 constexpr std::string_view kSupported =
-    "spill reads byte-level BPE tokenizer.json files (GPT-2, Llama-3, Qwen2/3, DeepSeek-V3)";
+    "spill reads byte-level BPE tokenizer.json files (GPT-2, Llama-3, Qwen2/3, DeepSeek-V3, gpt-oss, GLM-4.5)";
 
 // A field that is absent or JSON null.
 bool missing(const json& obj, const char* key) {

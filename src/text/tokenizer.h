@@ -1,5 +1,6 @@
 // Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (GPT-2, Llama-3, Qwen2/3,
-// DeepSeek-V3), producing the same ids as HF `tokenizers` for the same file.
+// DeepSeek-V3, gpt-oss, GLM-4.5), producing the same ids as HF `tokenizers` for the same file; also
+// from a GGUF vocabulary (from_parts) or a tiktoken file (from_tiktoken, Kimi-K2).
 //
 // Encode follows HF's pipeline step by step:
 //   1. added tokens with normalized=false are split out of the raw text (leftmost-longest match);

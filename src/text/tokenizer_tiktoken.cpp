@@ -53,26 +53,31 @@ std::optional<std::string> decode_base64(std::string_view s) {
 
 // tiktoken's byte-pair merge of `bytes` using only ranks below `max_rank`: the adjacent pair whose
 // concatenation has the lowest rank merges first (leftmost on ties) until none is below max_rank.
+// Pair ranks are kept and only the two next to a merge recomputed: O(n^2) for an n-byte token,
+// counted into `work` (the caller bounds the total).
 std::vector<std::string> merge_below(const std::string& bytes, int32_t max_rank,
-                                     const std::unordered_map<std::string, int32_t>& rank_of) {
+                                     const std::unordered_map<std::string, int32_t>& rank_of, uint64_t& work) {
   std::vector<std::string> parts;
   parts.reserve(bytes.size());
   for (char c : bytes) parts.emplace_back(1, c);
   std::string joined;
-  while (parts.size() > 1) {
-    int32_t best = max_rank;
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      joined.assign(parts[i]).append(parts[i + 1]);
-      auto it = rank_of.find(joined);
-      if (it != rank_of.end() && it->second < best) {
-        best = it->second;
-        at = i;
-      }
-    }
-    if (best == max_rank) break;
+  auto pair_rank = [&](size_t i) {
+    joined.assign(parts[i]).append(parts[i + 1]);
+    auto it = rank_of.find(joined);
+    return it != rank_of.end() && it->second < max_rank ? it->second : max_rank;
+  };
+  std::vector<int32_t> ranks;  // ranks[i]: of parts[i] + parts[i + 1]
+  for (size_t i = 0; i + 1 < parts.size(); ++i) ranks.push_back(pair_rank(i));
+  while (!ranks.empty()) {
+    work += ranks.size();
+    const auto best = std::min_element(ranks.begin(), ranks.end());  // the first of the lowest
+    if (*best == max_rank) break;
+    const auto at = size_t(best - ranks.begin());
     parts[at] += parts[at + 1];
     parts.erase(parts.begin() + std::ptrdiff_t(at) + 1);
+    ranks.erase(ranks.begin() + std::ptrdiff_t(at));
+    if (at < ranks.size()) ranks[at] = pair_rank(at);
+    if (at > 0) ranks[at - 1] = pair_rank(at - 1);
   }
   return parts;
 }
@@ -91,6 +96,11 @@ Tokenizer Tokenizer::from_tiktoken(std::string_view model_text, std::string_view
   // Ranks of one file are 0..n-1; specials sit just above them (Kimi-K2: 256 ids). The bound on
   // special ids keeps a hostile config from sizing the tables.
   constexpr int32_t kMaxRanks = 1 << 22, kMaxSpecialGap = 1 << 16;
+  constexpr size_t kMaxTokenBytes = 1024;  // real vocabularies stay under a few hundred
+  // Deriving the merges costs about the sum of each token's squared length: a few million steps
+  // for a real vocabulary (Kimi-K2: 163,840 tokens of 7 bytes on average); a file of many long
+  // tokens that would take minutes is refused instead.
+  constexpr uint64_t kMaxMergeWork = 400'000'000;
   std::vector<std::pair<int32_t, std::string>> by_rank;
   size_t line_no = 0;
   for (size_t pos = 0; pos < model_text.size();) {
@@ -106,6 +116,9 @@ Tokenizer Tokenizer::from_tiktoken(std::string_view model_text, std::string_view
       fail("{}: line {}: expected \"<base64 token> <rank>\"", origin, line_no);
     const std::optional<std::string> bytes = decode_base64(line.substr(0, space));
     if (!bytes || bytes->empty()) fail("{}: line {}: the token is not base64 of one or more bytes", origin, line_no);
+    if (bytes->size() > kMaxTokenBytes)
+      fail("{}: line {}: a token of {} bytes is longer than spill accepts ({})", origin, line_no, bytes->size(),
+           kMaxTokenBytes);
     const std::string_view digits = line.substr(space + 1);
     int64_t rank = 0;
     if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
@@ -134,10 +147,15 @@ Tokenizer Tokenizer::from_tiktoken(std::string_view model_text, std::string_view
   parts.pre = pre;
   parts.ignore_merges = true;
   const auto n_ranks = int32_t(by_rank.size());
+  uint64_t work = 0;
   for (const auto& [rank, bytes] : by_rank) {
     parts.tokens.push_back(byte_level_spelling(bytes));
     if (bytes.size() < 2) continue;
-    const std::vector<std::string> pair = merge_below(bytes, rank, rank_of);
+    const std::vector<std::string> pair = merge_below(bytes, rank, rank_of, work);
+    if (work > kMaxMergeWork)
+      fail("{}: its long tokens make deriving BPE merges too costly (stopped at rank {} of {}); a tiktoken "
+           "vocabulary's tokens are rarely longer than a few hundred bytes",
+           origin, rank, by_rank.size());
     if (pair.size() == 2) parts.merges.push_back(byte_level_spelling(pair[0]) + " " + byte_level_spelling(pair[1]));
   }
   parts.token_types.assign(parts.tokens.size(), 1);
