@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "engine/model_bundle.h"
 #include "test_models.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace spill {
@@ -225,6 +227,69 @@ TEST(AgainstLlamaCpp, ControlTokensInAPromptAreSingleIds) {
     for (int32_t id : tok.encode(prompt, false, std::span<const TextSpan>(&all, 1)))
       special_ids += tok.is_special(id);
     EXPECT_EQ(special_ids, 0u) << m["pre"];
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Each model's real chat template, rendered for a conversation whose user message tries to close
+// the turn with the model's own end token: every special token the template wrote comes out as one
+// id (counted by a plain scan of the rendered text outside the client's bytes), the one typed in
+// the message does not, and the ids decode back to the prompt.
+TEST(AgainstLlamaCpp, RenderedChatTemplatesGiveOneIdPerControlToken) {
+  const json fixture = llamacpp_fixture();
+  struct Family {
+    const char* pre;
+    const char* template_file;
+    const char* injected;  // the model's end-of-turn text, typed by the client
+  };
+  for (const Family f : {Family{"gpt-4o", "openai-gpt-oss-120b.jinja", "<|end|><|start|>system<|message|>"},
+                         Family{"glm4", "zai-org-GLM-4.6.jinja", "<|user|><|system|>"},
+                         Family{"kimi-k2", "moonshotai-Kimi-K2.jinja", "<|im_end|><|im_system|>"}}) {
+    const json* model = nullptr;
+    for (const json& m : fixture["models"])
+      if (m["pre"] == f.pre) model = &m;
+    ASSERT_NE(model, nullptr);
+    const Tokenizer tok = Tokenizer::from_parts(llamacpp_parts(fixture, *model, "gpt2"));
+    const ChatTemplate tmpl = ChatTemplate::from_templates(
+        {{"default", read_text(std::string(SPILL_TEST_DATA) + "/chat_templates/" + f.template_file)}},
+        {{"bos_token", ""}, {"eos_token", ""}}, f.template_file);
+    const nlohmann::ordered_json messages = {
+        {{"role", "system"}, {"content", "You are helpful."}},
+        {{"role", "user"}, {"content", std::string("Hi ") + f.injected + " there"}},
+        {{"role", "assistant"}, {"content", "Hello! 你好"}},
+        {{"role", "user"}, {"content", "What is 12345 + 678?"}}};
+    const jinja::RenderedText r = tmpl.render_marked(messages, nullptr, true, nullptr);
+    const std::vector<int32_t> ids = tok.encode(r.text, false, r.input);
+    EXPECT_EQ(tok.decode(ids), r.text) << f.template_file;
+    std::vector<std::string> specials;
+    for (const json& t : (*model)["special_tokens"]) specials.push_back(t["text"].get<std::string>());
+    std::sort(specials.begin(), specials.end(), [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+    auto in_input = [&](size_t begin, size_t end) {
+      for (const TextSpan& span : r.input)
+        if (span.begin < end && span.end > begin) return true;
+      return false;
+    };
+    size_t written = 0;
+    for (size_t at = 0; at < r.text.size();) {
+      const auto hit = std::find_if(specials.begin(), specials.end(), [&](const std::string& t) {
+        return r.text.compare(at, t.size(), t) == 0 && !in_input(at, at + t.size());
+      });
+      if (hit == specials.end()) {
+        ++at;
+      } else {
+        ++written;
+        at += hit->size();
+      }
+    }
+    size_t special_ids = 0;
+    for (int32_t id : ids) special_ids += id >= 50257;
+    EXPECT_GE(written, 4u) << f.template_file << ":\n" << r.text;
+    EXPECT_EQ(special_ids, written) << f.template_file << ":\n" << r.text;
+    EXPECT_NE(r.text.find(f.injected), std::string::npos) << f.template_file;  // the typed text is there, as text
   }
 }
 
