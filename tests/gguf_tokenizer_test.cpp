@@ -350,7 +350,8 @@ TEST(Tiktoken, RanksGiveTheIdsOfTheMergesTheyStandFor) {
   const json fixture = llamacpp_fixture();
   const json& kimi = kimi_model(fixture);
   const TiktokenFiles f = gpt2_as_tiktoken(kimi);
-  const Tokenizer tok = Tokenizer::from_tiktoken(f.model, f.config, "kimi-k2", "gpt2-as-tiktoken.model");
+  const Tokenizer tok = Tokenizer::from_tiktoken(
+      {.model_text = f.model, .config_text = f.config, .pre = "kimi-k2", .origin = "gpt2-as-tiktoken.model"});
   size_t checked = 0;
   for (const json& k : kimi["cases"]) {
     const std::string text = k["text"].get<std::string>();
@@ -387,7 +388,7 @@ TEST(Tiktoken, BadFilesAreClearErrors) {
   const std::string ok_config = R"({"added_tokens_decoder": {"257": {"content": "<|x|>", "special": true}}})";
   auto message = [&](const std::string& model, const std::string& config) {
     try {
-      Tokenizer::from_tiktoken(model, config, "kimi-k2", "t.model");
+      Tokenizer::from_tiktoken({.model_text = model, .config_text = config, .pre = "kimi-k2", .origin = "t.model"});
     } catch (const Error& e) {
       return std::string(e.what());
     }

@@ -53,7 +53,9 @@ Tokenizer tiktoken_folder_tokenizer(const std::string& dir) {
     fail("{}: a tiktoken.model without tokenizer.json; spill knows the pre-tokenizer of Kimi-K2's "
          "(tokenization_kimi.py) only, and tokenizer_config.json does not name it. Give the folder a tokenizer.json",
          dir);
-  return Tokenizer::from_tiktoken(read_text_file(model), config_text, "kimi-k2", model.string());
+  const std::string model_text = read_text_file(model);
+  return Tokenizer::from_tiktoken(
+      {.model_text = model_text, .config_text = config_text, .pre = "kimi-k2", .origin = model.string()});
 }
 
 Tokenizer gguf_tokenizer(const gguf::GgufFile& file) {

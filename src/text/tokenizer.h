@@ -53,6 +53,14 @@ struct TokenizerParts {
   bool ignore_merges = false;
 };
 
+// A tiktoken vocabulary and what the model's folder says about it, for Tokenizer::from_tiktoken.
+struct TiktokenSource {
+  std::string_view model_text;   // tiktoken.model: one "<base64 token> <rank>" line per token
+  std::string_view config_text;  // tokenizer_config.json: added_tokens_decoder (special tokens), bos/eos
+  std::string pre;               // the tokenizer.ggml.pre name of the model's regex (Kimi-K2: "kimi-k2")
+  std::string origin;            // names the source in error messages
+};
+
 // GPT-2's byte-level spelling of raw bytes, each byte one printable character ("\n" -> "Ċ",
 // " the" -> "Ġthe"): how tokenizer.json and tokenizer.ggml.tokens write tokens.
 std::string byte_level_spelling(std::string_view bytes);
@@ -70,13 +78,10 @@ class Tokenizer {
   // user-defined tokens become added tokens. Throws spill::Error naming `parts.origin` for an
   // unknown pre-tokenizer or an inconsistent vocabulary.
   static Tokenizer from_parts(const TokenizerParts& parts);
-  // From a tiktoken vocabulary (text/tokenizer_tiktoken.cpp): `model_text` is a tiktoken.model file
-  // (one "<base64 token> <rank>" line per token), `config_text` the tokenizer_config.json whose
-  // added_tokens_decoder names the special tokens and bos/eos, `pre` the tokenizer.ggml.pre name of
-  // the model's regex (Kimi-K2: "kimi-k2"). The ranks become BPE merges as llama.cpp's converter
-  // makes them, so ids equal tiktoken's. Throws spill::Error naming `origin` and the line or field.
-  static Tokenizer from_tiktoken(std::string_view model_text, std::string_view config_text, const std::string& pre,
-                                 const std::string& origin);
+  // From a tiktoken vocabulary (text/tokenizer_tiktoken.cpp). The ranks become BPE merges as
+  // llama.cpp's converter makes them, so ids equal tiktoken's. Throws spill::Error naming
+  // `source.origin` and the line or field.
+  static Tokenizer from_tiktoken(const TiktokenSource& source);
 
   // Text -> ids. The post-processor is ignored unless add_special: then the tokens its
   // TemplateProcessing (or Bert/Roberta processor) declares around a single sequence are added,

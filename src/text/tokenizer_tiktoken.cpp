@@ -91,8 +91,9 @@ std::string token_name(const json& j) {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_tiktoken(std::string_view model_text, std::string_view config_text, const std::string& pre,
-                                   const std::string& origin) {
+Tokenizer Tokenizer::from_tiktoken(const TiktokenSource& source) {
+  const std::string_view model_text = source.model_text, config_text = source.config_text;
+  const std::string& origin = source.origin;
   // Ranks of one file are 0..n-1; specials sit just above them (Kimi-K2: 256 ids). The bound on
   // special ids keeps a hostile config from sizing the tables.
   constexpr int32_t kMaxRanks = 1 << 22, kMaxSpecialGap = 1 << 16;
@@ -144,7 +145,7 @@ Tokenizer Tokenizer::from_tiktoken(std::string_view model_text, std::string_view
 
   TokenizerParts parts;
   parts.origin = origin;
-  parts.pre = pre;
+  parts.pre = source.pre;
   parts.ignore_merges = true;
   const auto n_ranks = int32_t(by_rank.size());
   uint64_t work = 0;

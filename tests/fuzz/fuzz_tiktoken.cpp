@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view model = input.substr(0, nul);
   const std::string_view config = nul == std::string_view::npos ? std::string_view("{}") : input.substr(nul + 1);
   try {
-    const spill::Tokenizer t = spill::Tokenizer::from_tiktoken(model, config, "kimi-k2", "tiktoken.model");
+    const spill::Tokenizer t = spill::Tokenizer::from_tiktoken(
+        {.model_text = model, .config_text = config, .pre = "kimi-k2", .origin = "tiktoken.model"});
     const std::vector<int32_t> ids = t.encode("Hello, 世界! <|im_end|> getElementById 12345\n\n  x", true);
     t.decode(ids);
     t.decode(ids, /*skip_special=*/true);
