@@ -20,11 +20,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/model_bundle.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "formats/npy.h"
@@ -444,6 +446,95 @@ TEST(GgufFamilies, GptOssPerLayerSlidingPattern) {
   EXPECT_TRUE(d.sliding(0));
   EXPECT_FALSE(d.sliding(1));
   EXPECT_TRUE(d.sliding(2));
+}
+
+// ---- stop tokens --------------------------------------------------------------------------------
+
+// The file at `src` with `specials` as control tokens (GGUF type 3) at the end of its vocabulary,
+// pre-tokenizer `pre` and extra id keys: what a converted file of the family carries. Returns the
+// path and the specials' ids.
+std::pair<std::string, std::map<std::string, int32_t>> with_specials(
+    const testing::TempDir& tmp, const std::string& src, const std::string& pre,
+    const std::vector<std::string>& specials, const std::vector<std::pair<std::string, std::string>>& id_keys) {
+  auto file = gguf::GgufFile::open(src);
+  const gguf::Metadata& md = file->metadata();
+  std::vector<std::string> tokens;
+  for (const gguf::Value& v : *md.string_array("tokenizer.ggml.tokens")) tokens.push_back(v.s);
+  std::vector<int32_t> types;
+  for (int64_t t : md.integer_array("tokenizer.ggml.token_type")) types.push_back(int32_t(t));
+  // spill's writer pads the vocabulary to the model's width with unused entries; the specials
+  // take the last of them.
+  std::map<std::string, int32_t> ids;
+  size_t at = tokens.size() - specials.size();
+  for (const std::string& t : specials) {
+    EXPECT_EQ(types.at(at), 5) << "id " << at << " is not padding";
+    ids[t] = int32_t(at);
+    tokens[at] = t;
+    types[at++] = 3;
+  }
+  using gguf::Value;
+  std::string path = rewrite(tmp, src, "tokenizer.ggml.tokens", Value::strings(tokens));
+  path = rewrite(tmp, path, "tokenizer.ggml.token_type", Value::i32s(types));
+  path = rewrite(tmp, path, "tokenizer.ggml.pre", Value::string(pre));
+  for (const auto& [key, token] : id_keys) path = rewrite(tmp, path, key, Value::u32(uint32_t(ids.at(token))));
+  return {path, ids};
+}
+
+bool stops(const ModelSpec& s, int32_t id) {
+  return std::find(s.eos_token_ids.begin(), s.eos_token_ids.end(), id) != s.eos_token_ids.end();
+}
+
+// gpt-oss (harmony): a turn ends at <|return|> (the answer) or <|call|> (a tool call); <|end|>
+// closes the analysis message the final answer follows, so it must not stop generation. Its
+// control tokens in a rendered prompt are single ids.
+TEST(GgufFamilies, HarmonyStopsAtReturnAndCallButNotAtEnd) {
+  testing::TempDir tmp;
+  const std::string src = write_spill_gguf(tmp, "gpt_oss_bf16");
+  const auto [path, ids] = with_specials(
+      tmp, src, "gpt-4o",
+      {"<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
+       "<|message|>", "<|call|>"},
+      {{"tokenizer.ggml.bos_token_id", "<|startoftext|>"}, {"tokenizer.ggml.eos_token_id", "<|return|>"}});
+  ModelBundle b = open_model_bundle(path, true);
+  const ModelSpec& s = b.model->spec();
+  EXPECT_TRUE(stops(s, ids.at("<|return|>")));
+  EXPECT_TRUE(stops(s, ids.at("<|call|>")));
+  EXPECT_TRUE(stops(s, ids.at("<|endoftext|>")));
+  EXPECT_FALSE(stops(s, ids.at("<|end|>")));
+  for (const char* t : {"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|startoftext|>"})
+    EXPECT_FALSE(stops(s, ids.at(t))) << t;
+  const std::vector<int32_t> got =
+      b.tokenizer->encode("<|start|>assistant<|channel|>final<|message|>hi<|end|><|call|>");
+  std::vector<int32_t> specials;
+  for (int32_t id : got)
+    if (b.tokenizer->is_special(id)) specials.push_back(id);
+  EXPECT_EQ(specials, (std::vector<int32_t>{ids.at("<|start|>"), ids.at("<|channel|>"), ids.at("<|message|>"),
+                                            ids.at("<|end|>"), ids.at("<|call|>")}));
+  // A vocabulary with <|end|> but not the harmony pair (Phi-3's) keeps <|end|> as a stop.
+  const auto [phi, phi_ids] = with_specials(tmp, src, "gpt-4o", {"<|endoftext|>", "<|end|>"}, {});
+  EXPECT_TRUE(stops(gguf_model_spec(*gguf::GgufFile::open(phi)), phi_ids.at("<|end|>")));
+}
+
+// GLM-4.5: the converter names <|user|> the end of turn and <|observation|> the end of message (a
+// tool call waiting for its result); both stop generation, with <|endoftext|>. [gMASK]<sop>, which
+// the template writes, is read as its two control tokens.
+TEST(GgufFamilies, GlmStopsAtUserAndObservation) {
+  testing::TempDir tmp;
+  const std::string src = write_spill_gguf(tmp, "glm4_moe_per_expert");
+  const auto [path, ids] = with_specials(
+      tmp, src, "glm4", {"<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"},
+      {{"tokenizer.ggml.eos_token_id", "<|endoftext|>"}, {"tokenizer.ggml.bos_token_id", "[gMASK]"},
+       {"tokenizer.ggml.eot_token_id", "<|user|>"}, {"tokenizer.ggml.eom_token_id", "<|observation|>"}});
+  ModelBundle b = open_model_bundle(path, true);
+  const ModelSpec& s = b.model->spec();
+  for (const char* t : {"<|endoftext|>", "<|user|>", "<|observation|>"}) EXPECT_TRUE(stops(s, ids.at(t))) << t;
+  for (const char* t : {"[gMASK]", "<sop>", "<|assistant|>", "<|system|>"}) EXPECT_FALSE(stops(s, ids.at(t))) << t;
+  const std::vector<int32_t> got = b.tokenizer->encode("[gMASK]<sop><|user|>\nhi<|assistant|>");
+  ASSERT_GE(got.size(), 4u);
+  EXPECT_EQ(got[0], ids.at("[gMASK]"));
+  EXPECT_EQ(got[1], ids.at("<sop>"));
+  EXPECT_EQ(got[2], ids.at("<|user|>"));
+  EXPECT_EQ(got.back(), ids.at("<|assistant|>"));
 }
 
 // ---- llama.cpp's logits on spill's files ---------------------------------------------------------

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -33,7 +34,29 @@ int32_t token_id_key(const gguf::Metadata& md, const char* key, size_t n_tokens)
   return int32_t(id);
 }
 
+std::string read_text_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open", path.string());
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 }  // namespace
+
+// Kimi-K2's folder has no tokenizer.json: its tokenizer is tiktoken.model with the regex of
+// tokenization_kimi.py (named by tokenizer_config.json's auto_map), spill's "kimi-k2" pipeline.
+Tokenizer tiktoken_folder_tokenizer(const std::string& dir) {
+  const fs::path model = fs::path(dir) / "tiktoken.model", config = fs::path(dir) / "tokenizer_config.json";
+  if (!fs::exists(config))
+    fail("{}: tiktoken.model needs the tokenizer_config.json next to it (its special tokens)", dir);
+  const std::string config_text = read_text_file(config);
+  if (config_text.find("tokenization_kimi") == std::string::npos)
+    fail("{}: a tiktoken.model without tokenizer.json; spill knows the pre-tokenizer of Kimi-K2's "
+         "(tokenization_kimi.py) only, and tokenizer_config.json does not name it. Give the folder a tokenizer.json",
+         dir);
+  const std::string model_text = read_text_file(model);
+  return Tokenizer::from_tiktoken(
+      {.model_text = model_text, .config_text = config_text, .pre = "kimi-k2", .origin = model.string()});
+}
 
 Tokenizer gguf_tokenizer(const gguf::GgufFile& file) {
   const gguf::Metadata& md = file.metadata();
@@ -103,6 +126,8 @@ ModelBundle open_model_bundle(const std::string& path, bool require_tokenizer) {
   const std::string tok_path = (fs::path(path) / "tokenizer.json").string();
   if (fs::exists(tok_path)) {
     b.tokenizer = Tokenizer::from_file(tok_path);
+  } else if (fs::exists(fs::path(path) / "tiktoken.model")) {
+    b.tokenizer = tiktoken_folder_tokenizer(path);
   } else if (require_tokenizer) {
     fail("{}: no tokenizer.json; it is needed to turn text into tokens (give token ids instead of text)", path);
   }

@@ -21,7 +21,7 @@ class Metadata;
 
 struct ModelBundle {
   std::unique_ptr<Model> model;
-  std::optional<Tokenizer> tokenizer;  // absent only for a folder without tokenizer.json
+  std::optional<Tokenizer> tokenizer;  // absent only for a folder without tokenizer.json (or tiktoken.model)
   SamplingParams sampling;  // the model's own defaults (engine/generation_config)
 };
 
@@ -42,6 +42,8 @@ std::string chat_template_sources(const std::string& path);
 // The tokenizer a GGUF file describes (tokenizer.ggml.*). Refuses tokenizer models other than
 // byte-level BPE ("gpt2"), naming the one found.
 Tokenizer gguf_tokenizer(const gguf::GgufFile& file);
+// A folder's tiktoken.model (Kimi-K2's, recognised by its tokenizer_config.json) as a Tokenizer.
+Tokenizer tiktoken_folder_tokenizer(const std::string& dir);
 ChatTemplate gguf_chat_template(const gguf::GgufFile& file);
 
 }  // namespace spill

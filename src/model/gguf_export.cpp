@@ -120,15 +120,19 @@ TokenizerParts tokenizer_parts(const std::string& dir, const ModelSpec& spec) {
       "нещо на Български '''``````\"\"\"......!!!!?? I've been 'told he's there, 'RE you sure? 'M not sure I'll "
       "make it, 'D you like some tea? We'Ve a'lL def f(x):\n    return x**2  # done\r\n";
   const std::vector<int32_t> want = hf.encode(probe);
-  for (const char* pre : {"qwen2", "llama-bpe", "deepseek-v3", "gpt-2", "olmo"}) {
+  // GLM-4.5's regex is Llama 3's; llama.cpp names it glm4 (merges always applied), so for a GLM
+  // model that name is tried where llama-bpe would be.
+  std::vector<const char*> pres = {"qwen2", "llama-bpe", "deepseek-v3", "gpt-4o", "kimi-k2", "gpt-2", "olmo"};
+  if (spec.arch == Arch::Glm4Moe) pres.insert(pres.begin() + 1, "glm4");
+  for (const char* pre : pres) {
     p.pre = pre;
     try {
       if (Tokenizer::from_parts(p).encode(probe) == want) return p;
     } catch (const Error&) {
     }
   }
-  fail("{}: its pre-tokenizer is none of those spill can name for llama.cpp (qwen2, llama-bpe, deepseek-v3, gpt-2, "
-       "olmo): a GGUF file would tokenize differently, so spill does not write one",
+  fail("{}: its pre-tokenizer is none of those spill can name for llama.cpp (qwen2, llama-bpe, glm4, deepseek-v3, "
+       "gpt-4o, kimi-k2, gpt-2, olmo): a GGUF file would tokenize differently, so spill does not write one",
        p.origin);
 }
 

@@ -366,18 +366,29 @@ ModelSpec gguf_model_spec(const gguf::GgufFile& file) {
   // GGUF keeps one eos id where generation_config.json often lists several (Qwen: <|im_end|> and
   // <|endoftext|>; Llama 3: <|end_of_text|>, <|eom_id|>, <|eot_id|>). As llama.cpp does, control
   // tokens whose text is one of the end-of-generation markers these families use end generation too.
-  static const char* const kEndMarkers[] = {"<|endoftext|>", "<|im_end|>",  "<|end_of_text|>", "<|eot_id|>",
-                                            "<|eom_id|>",    "<|end|>",     "<end_of_turn>",   "<|return|>",
-                                            "<｜end▁of▁sentence｜>", "<|EOT|>"};
+  // gpt-oss's harmony format ends a turn with <|return|> (the answer) or <|call|> (a tool call).
+  static const char* const kEndMarkers[] = {"<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>",
+                                            "<|eom_id|>",    "<|end|>",    "<end_of_turn>",   "<|return|>",
+                                            "<|call|>",      "<｜end▁of▁sentence｜>", "<|EOT|>", "[EOT]", "[EOS]"};
   if (const std::vector<gguf::Value>* tokens = md.string_array("tokenizer.ggml.tokens")) {
     const std::vector<int64_t> types = md.integer_array("tokenizer.ggml.token_type");
+    int32_t end_id = -1;
+    bool has_return = false, has_call = false;
     for (size_t id = 0; id < tokens->size() && id < types.size() && int64_t(id) < s.vocab_size; ++id) {
       if (types[id] != 3) continue;  // control tokens only
+      const std::string& text = (*tokens)[id].s;
       for (const char* marker : kEndMarkers)
-        if ((*tokens)[id].s == marker &&
+        if (text == marker &&
             std::find(s.eos_token_ids.begin(), s.eos_token_ids.end(), int32_t(id)) == s.eos_token_ids.end())
           s.eos_token_ids.push_back(int32_t(id));
+      if (text == "<|end|>") end_id = int32_t(id);
+      has_return |= text == "<|return|>";
+      has_call |= text == "<|call|>";
     }
+    // In harmony, <|end|> closes one message of a turn (the analysis before the final answer), so
+    // with <|return|> and <|call|> present it must not stop generation (Phi-3's <|end|> still does).
+    if (has_return && has_call && end_id >= 0)
+      std::erase(s.eos_token_ids, end_id);
   }
   return s;
 }

@@ -597,7 +597,7 @@ template <class T>
 using StringMap = std::unordered_map<std::string, T, StringHash, std::equal_to<>>;
 
 constexpr std::string_view kSupported =
-    "spill reads byte-level BPE tokenizer.json files (GPT-2, Llama-3, Qwen2/3, DeepSeek-V3)";
+    "spill reads byte-level BPE tokenizer.json files (GPT-2, Llama-3, Qwen2/3, DeepSeek-V3, gpt-oss, GLM-4.5)";
 
 // A field that is absent or JSON null.
 bool missing(const json& obj, const char* key) {
@@ -1187,6 +1187,8 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
   Loader(origin, *impl).load(root);
   return Tokenizer(std::move(impl));
 }
+
+std::string byte_level_spelling(std::string_view bytes) { return to_byte_level(bytes); }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
   return encode(text, add_special, {});

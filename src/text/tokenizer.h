@@ -1,5 +1,6 @@
 // Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (GPT-2, Llama-3, Qwen2/3,
-// DeepSeek-V3), producing the same ids as HF `tokenizers` for the same file.
+// DeepSeek-V3, gpt-oss, GLM-4.5), producing the same ids as HF `tokenizers` for the same file; also
+// from a GGUF vocabulary (from_parts) or a tiktoken file (from_tiktoken, Kimi-K2).
 //
 // Encode follows HF's pipeline step by step:
 //   1. added tokens with normalized=false are split out of the raw text (leftmost-longest match);
@@ -47,7 +48,22 @@ struct TokenizerParts {
   std::string pre;                   // tokenizer.ggml.pre: qwen2, llama-bpe, deepseek-v3, gpt-2, olmo, ...
   int32_t bos_id = -1, eos_id = -1;
   bool add_bos = false, add_eos = false;
+  // A piece that is itself a token becomes that token before any merge (tiktoken does this);
+  // otherwise the pre-tokenizer's own setting applies.
+  bool ignore_merges = false;
 };
+
+// A tiktoken vocabulary and what the model's folder says about it, for Tokenizer::from_tiktoken.
+struct TiktokenSource {
+  std::string_view model_text;   // tiktoken.model: one "<base64 token> <rank>" line per token
+  std::string_view config_text;  // tokenizer_config.json: added_tokens_decoder (special tokens), bos/eos
+  std::string pre;               // the tokenizer.ggml.pre name of the model's regex (Kimi-K2: "kimi-k2")
+  std::string origin;            // names the source in error messages
+};
+
+// GPT-2's byte-level spelling of raw bytes, each byte one printable character ("\n" -> "Ċ",
+// " the" -> "Ġthe"): how tokenizer.json and tokenizer.ggml.tokens write tokens.
+std::string byte_level_spelling(std::string_view bytes);
 
 // Immutable after loading; copies share the loaded tables. All methods are thread-safe.
 class Tokenizer {
@@ -62,6 +78,10 @@ class Tokenizer {
   // user-defined tokens become added tokens. Throws spill::Error naming `parts.origin` for an
   // unknown pre-tokenizer or an inconsistent vocabulary.
   static Tokenizer from_parts(const TokenizerParts& parts);
+  // From a tiktoken vocabulary (text/tokenizer_tiktoken.cpp). The ranks become BPE merges as
+  // llama.cpp's converter makes them, so ids equal tiktoken's. Throws spill::Error naming
+  // `source.origin` and the line or field.
+  static Tokenizer from_tiktoken(const TiktokenSource& source);
 
   // Text -> ids. The post-processor is ignored unless add_special: then the tokens its
   // TemplateProcessing (or Bert/Roberta processor) declares around a single sequence are added,

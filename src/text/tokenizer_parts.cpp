@@ -4,7 +4,8 @@
 // tokenizer.ggml.pre names the pre-tokenizer; llama.cpp's converter picks it by hashing what the
 // Hugging Face tokenizer does to a test text, so each name stands for one tokenizer.json
 // pipeline. The pipelines below are those of the tokenizers the names come from (Qwen2/Qwen3,
-// Llama 3, DeepSeek-V3, GPT-2, OLMo's GPT-NeoX vocabulary), written as tokenizer.json sections.
+// Llama 3, DeepSeek-V3, gpt-oss's o200k_harmony, GLM-4.5, Kimi-K2's tiktoken, GPT-2, OLMo's GPT-NeoX
+// vocabulary), written as tokenizer.json sections.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +44,27 @@ constexpr const char* kDeepseekV3Words =
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
     "?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+// gpt-oss's o200k_harmony (tokenizer.json's Split): a word is an optional leading symbol, then
+// upper-case letters followed by lower-case ones or the reverse (so "getElementById" splits at each
+// capital), with an optional contraction; digits in threes; "/" sticks to a run of punctuation.
+constexpr const char* kO200kRegex =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// Kimi-K2's tiktoken pattern (tokenization_kimi.py): runs of Han characters first, then o200k-style
+// words whose letter classes exclude Han (written "[...&&[^\p{Han}]]" there; PCRE2 10.42 has no class
+// intersection, so each letter is the class behind a negative lookahead). \p{sc:Han} is the Script
+// property, which is what the Rust regex crate under tiktoken reads \p{Han} as; PCRE2's bare \p{Han}
+// is Script_Extensions and would also take CJK punctuation such as "、" and "。". Unlike o200k, no "/"
+// after a run of punctuation.
+constexpr const char* kKimiK2Regex =
+    "\\p{sc:Han}+|"
+    "[^\\r\\n\\p{L}\\p{N}]?(?:(?!\\p{sc:Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])*"
+    "(?:(?!\\p{sc:Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "[^\\r\\n\\p{L}\\p{N}]?(?:(?!\\p{sc:Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])+"
+    "(?:(?!\\p{sc:Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 Pipeline pipeline_for(const std::string& pre, const std::string& origin) {
   const json nfc = {{"type", "NFC"}};
   if (pre == "qwen2" || pre == "deepseek-r1-qwen") return {nfc, sequence({split(kQwen2Regex), byte_level(false)})};
@@ -51,10 +73,14 @@ Pipeline pipeline_for(const std::string& pre, const std::string& origin) {
   if (pre == "deepseek-v3")
     return {nullptr, sequence({split("\\p{N}{1,3}"), split("[一-龥぀-ゟ゠-ヿ]+"), split(kDeepseekV3Words),
                                byte_level(false)})};
+  // GLM-4.5/4.6 (and GLM-4's chatglm-bpe): Llama 3's regex, but merges are always applied.
+  if (pre == "glm4" || pre == "chatglm-bpe") return {nullptr, sequence({split(kLlama3Regex), byte_level(false)})};
+  if (pre == "gpt-4o") return {nullptr, sequence({split(kO200kRegex), byte_level(false)})};
+  if (pre == "kimi-k2") return {nullptr, sequence({split(kKimiK2Regex), byte_level(false)})};
   if (pre == "gpt-2" || pre == "default") return {nullptr, byte_level(true)};
   if (pre == "olmo") return {nfc, byte_level(true)};
   fail("{}: tokenizer.ggml.pre '{}' is not a pre-tokenizer spill knows (supported: qwen2, deepseek-r1-qwen, "
-       "llama-bpe, llama3, deepseek-v3, gpt-2, olmo)", origin, pre);
+       "llama-bpe, llama3, deepseek-v3, gpt-4o, glm4, chatglm-bpe, kimi-k2, gpt-2, olmo)", origin, pre);
 }
 
 }  // namespace
@@ -115,7 +141,8 @@ Tokenizer Tokenizer::from_parts(const TokenizerParts& parts) {
       {"decoder", byte_level(false)},
       {"model",
        {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk.empty() ? json(nullptr) : json(unk)},
-        {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", p.ignore_merges}, {"vocab", vocab},
+        {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", p.ignore_merges || parts.ignore_merges},
+        {"vocab", vocab},
         {"merges", parts.merges}}},
   };
   // The JSON text round trip costs a fraction of a second for a 150K vocabulary, once at load, and

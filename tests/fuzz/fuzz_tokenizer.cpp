@@ -1,6 +1,10 @@
 // tokenizer.json: loading (normalizers, pre-tokenizer regexes, BPE tables, added tokens, the
 // post-processor), then encoding and decoding with whatever loaded. Inputs starting with byte 0
-// instead encode their rest with spill-tiny's tokenizer, with untrusted spans taken from it.
+// instead encode their rest with spill-tiny's tokenizer, with untrusted spans taken from it; byte 1
+// encodes the rest (after a selector byte) with spill-tiny's vocabulary as GGUF parts under one of
+// the pre-tokenizers of Tokenizer::from_parts (the regexes of gpt-oss, GLM, Kimi-K2, ...).
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -20,6 +24,31 @@ void exercise(const spill::Tokenizer& t, std::string_view text, const std::vecto
   }
 }
 
+// spill-tiny's tokenizer.json as the parts a GGUF holds, under tokenizer.ggml.pre `pre`.
+spill::Tokenizer tiny_as_parts(const char* pre) {
+  std::ifstream in(std::string(SPILL_SOURCE_DIR) + "/models/spill-tiny/tokenizer.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  spill::TokenizerParts p;
+  p.origin = "spill-tiny as GGUF parts";
+  p.pre = pre;
+  size_t n = 0;
+  for (const auto& [tok, id] : j["model"]["vocab"].items()) n = std::max(n, id.get<size_t>() + 1);
+  for (const auto& a : j["added_tokens"]) n = std::max(n, a["id"].get<size_t>() + 1);
+  p.tokens.assign(n, "");
+  p.token_types.assign(n, 5);
+  for (const auto& [tok, id] : j["model"]["vocab"].items()) {
+    p.tokens[id.get<size_t>()] = tok;
+    p.token_types[id.get<size_t>()] = 1;
+  }
+  for (const auto& a : j["added_tokens"]) {
+    p.tokens[a["id"].get<size_t>()] = a["content"].get<std::string>();
+    p.token_types[a["id"].get<size_t>()] = a["special"].get<bool>() ? 3 : 4;
+  }
+  for (const auto& m : j["model"]["merges"])
+    p.merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  return spill::Tokenizer::from_parts(p);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -32,6 +61,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<spill::TextSpan> spans;
     if (input.size() >= 3) spans.push_back({input.size() / 3, 2 * input.size() / 3});
     exercise(tiny, input, spans);
+    return 0;
+  }
+  if (!input.empty() && input[0] == 1) {
+    static const char* const kPres[] = {"gpt-4o", "glm4", "kimi-k2", "qwen2", "llama-bpe", "deepseek-v3", "gpt-2"};
+    static const std::vector<spill::Tokenizer> by_pre = [] {
+      std::vector<spill::Tokenizer> all;
+      for (const char* pre : kPres) all.push_back(tiny_as_parts(pre));
+      return all;
+    }();
+    input.remove_prefix(1);
+    const uint8_t which = spill::fuzz::take_byte(input);
+    std::vector<spill::TextSpan> spans;
+    if (input.size() >= 3) spans.push_back({input.size() / 3, 2 * input.size() / 3});
+    exercise(by_pre[which % by_pre.size()], input, spans);
     return 0;
   }
   try {
