@@ -18,10 +18,13 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
 #include "quant/quant.h"
@@ -124,6 +127,35 @@ TEST(CudaOps, EmbeddingRowsAreExactForEveryDeviceFormat) {
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------
+
+// CUDA's sticky errors (the context is lost: every later call fails too) and a vanished device are a
+// DeviceFatalError, which ends the engine; any other failure is an ordinary Error that fails one step.
+// Host code only: runs without a GPU.
+TEST(CudaCheck, StickyErrorsAreDeviceFatalAndOthersAreNot) {
+  for (cudaError_t e : {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorIllegalInstruction,
+                        cudaErrorMisalignedAddress, cudaErrorECCUncorrectable, cudaErrorNoDevice}) {
+    EXPECT_TRUE(cuda::device_error_is_fatal(e)) << cudaGetErrorName(e);
+    try {
+      cuda::check(e, "a step");
+      ADD_FAILURE() << "no throw for " << cudaGetErrorName(e);
+    } catch (const DeviceFatalError& x) {
+      EXPECT_NE(std::string(x.what()).find(cudaGetErrorName(e)), std::string::npos) << x.what();
+      EXPECT_NE(std::string(x.what()).find("restart spill"), std::string::npos) << x.what();
+    }
+  }
+  for (cudaError_t e : {cudaErrorInvalidValue, cudaErrorMemoryAllocation, cudaErrorInvalidConfiguration}) {
+    EXPECT_FALSE(cuda::device_error_is_fatal(e)) << cudaGetErrorName(e);
+    try {
+      cuda::check(e, "a step");
+      ADD_FAILURE() << "no throw for " << cudaGetErrorName(e);
+    } catch (const DeviceFatalError& x) {
+      ADD_FAILURE() << cudaGetErrorName(e) << " should fail one step only: " << x.what();
+    } catch (const Error& x) {
+      EXPECT_NE(std::string(x.what()).find("a step: "), std::string::npos) << x.what();
+    }
+  }
+  EXPECT_NO_THROW(cuda::check(cudaSuccess, "nothing"));
+}
 
 TEST(CudaOps, RmsNormWithResidualAndRowGatherMatchesTheTwin) {
   SPILL_SKIP_WITHOUT_GPU();
