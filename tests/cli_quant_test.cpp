@@ -14,24 +14,14 @@
 #include "formats/npy.h"
 #include "model/model.h"
 #include "quant/quant.h"
+#include "spill_process.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string spill_bin() {
-  const char* bin = std::getenv("SPILL_BIN");
-  return bin ? bin : "";
-}
-
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using spill::test::run_command;
+using spill::test::spill_bin;
 
 std::string tiny() { return (fs::path(SPILL_SOURCE_DIR) / "models" / "spill-tiny").string(); }
 std::string tmp(const std::string& name) {
@@ -56,13 +46,13 @@ TEST(CliQuant, GenerateIdsInIdsOutMatchesTransformersGreedy) {
     const fs::path dir = fs::path(SPILL_TEST_DATA) / "parity" / c;
     std::ifstream in(dir / "expected.json");
     const auto e = nlohmann::json::parse(in);
-    auto [status, text] = run(spill_bin() + " generate -q --ignore-eos --model " + dir.string() + " --prompt-ids " +
+    auto [status, text] = run_command(spill_bin() + " generate -q --ignore-eos --model " + dir.string() + " --prompt-ids " +
                               join(e["greedy_prompt"]) + " --print-ids -n " +
                               std::to_string(e["greedy_tokens"].size()));
     ASSERT_EQ(status, 0) << text;
     EXPECT_EQ(text, join(e["greedy_tokens"]) + "\n") << c;
   }
-  auto [s, t] = run(spill_bin() + " generate --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
+  auto [s, t] = run_command(spill_bin() + " generate --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
                     " --prompt-ids 1,99999 --print-ids");
   EXPECT_EQ(s, 1);
   EXPECT_NE(t.find("99999"), std::string::npos) << t;
@@ -70,13 +60,13 @@ TEST(CliQuant, GenerateIdsInIdsOutMatchesTransformersGreedy) {
 
 TEST(CliQuant, InfoQuantReportsTypesAndFallbacks) {
   NEED_BIN();
-  auto [status, text] = run(spill_bin() + " info --model " + tiny() + " --quant q4_k_m");
+  auto [status, text] = run_command(spill_bin() + " info --model " + tiny() + " --quant q4_k_m");
   ASSERT_EQ(status, 0) << text;
   // spill-tiny's experts are 128 wide: their down projection's rows are half a 256-block.
   EXPECT_NE(text.find("experts expert down x64 (layers 0,1,3,4): Q4_K -> Q5_0"), std::string::npos) << text;
   EXPECT_NE(text.find("experts expert down x32 (layers 2,5): Q6_K -> Q8_0"), std::string::npos) << text;
   EXPECT_NE(text.find("Q4_K in layers 0,1,3,4; Q6_K in layers 2,5"), std::string::npos) << text;
-  auto [s2, t2] = run(spill_bin() + " info --model " + tiny() + " --quant q4_k_m,experts=q9");
+  auto [s2, t2] = run_command(spill_bin() + " info --model " + tiny() + " --quant q4_k_m,experts=q9");
   EXPECT_EQ(s2, 1);
   EXPECT_NE(t2.find("'q9' is not a type"), std::string::npos) << t2;
 }
@@ -85,10 +75,10 @@ TEST(CliQuant, EvalReportsPerplexityAndDivergence) {
   NEED_BIN();
   const std::string text = (fs::path(SPILL_TEST_DATA) / "eval" / "heldout-python.txt").string();
   const std::string j1 = tmp("eval1.json"), j2 = tmp("eval2.json");
-  auto [s1, t1] = run(spill_bin() + " eval --model " + tiny() + " --quant q4_k_m --reference " + tiny() +
+  auto [s1, t1] = run_command(spill_bin() + " eval --model " + tiny() + " --quant q4_k_m --reference " + tiny() +
                       " --text " + text + " --ctx 128 --json " + j1);
   ASSERT_EQ(s1, 0) << t1;
-  auto [s2, t2] = run(spill_bin() + " eval --model " + tiny() + " --text " + text + " --ctx 128 --json " + j2);
+  auto [s2, t2] = run_command(spill_bin() + " eval --model " + tiny() + " --text " + text + " --ctx 128 --json " + j2);
   ASSERT_EQ(s2, 0) << t2;
   std::ifstream f1(j1), f2(j2);
   const auto a = nlohmann::json::parse(f1), b = nlohmann::json::parse(f2);
@@ -106,7 +96,7 @@ TEST(CliQuant, EvalReportsPerplexityAndDivergence) {
 TEST(CliQuant, QuantizeThenDequantEqualsTheReference) {
   NEED_BIN();
   const std::string gguf = tmp("q4km.gguf");
-  auto [s, t] = run(spill_bin() + " quantize --model " + tiny() + " --quant q4_k_m --out " + gguf + " --threads 2");
+  auto [s, t] = run_command(spill_bin() + " quantize --model " + tiny() + " --quant q4_k_m --out " + gguf + " --threads 2");
   ASSERT_EQ(s, 0) << t;
   auto src = spill::Model::load(tiny());
   struct Case {
@@ -124,7 +114,7 @@ TEST(CliQuant, QuantizeThenDequantEqualsTheReference) {
   cases.push_back(down);
   for (const Case& c : cases) {
     const std::string npy = tmp("deq.npy");
-    auto [s2, t2] = run(spill_bin() + " dequant --model " + gguf + " --tensor " + c.name + " --out " + npy);
+    auto [s2, t2] = run_command(spill_bin() + " dequant --model " + gguf + " --tensor " + c.name + " --out " + npy);
     ASSERT_EQ(s2, 0) << t2;
     EXPECT_NE(t2.find(std::string(spill::dtype_name(c.type))), std::string::npos) << t2;
     const spill::NpyArray a = spill::read_npy_f32(npy);
@@ -145,7 +135,7 @@ TEST(CliQuant, QuantizeThenDequantEqualsTheReference) {
         ASSERT_EQ(0, std::memcmp(want.data(), a.data.data() + at, size_t(cols) * 4)) << c.name << " row " << r;
       }
   }
-  auto [s3, t3] = run(spill_bin() + " dequant --model " + gguf + " --tensor blk.0.attn_q --out /tmp/never.npy");
+  auto [s3, t3] = run_command(spill_bin() + " dequant --model " + gguf + " --tensor blk.0.attn_q --out /tmp/never.npy");
   EXPECT_EQ(s3, 1);
   EXPECT_NE(t3.find("blk.0.attn_q.weight"), std::string::npos) << t3;  // the near names are listed
   fs::remove(gguf);
@@ -156,12 +146,12 @@ TEST(CliQuant, QuantizeThenDequantEqualsTheReference) {
 TEST(CliQuant, SpillGgufGivesTheLogitsOfQuantizeOnLoad) {
   NEED_BIN();
   const std::string gguf = tmp("q3km.gguf"), a = tmp("a.npy"), b = tmp("b.npy");
-  auto [s, t] = run(spill_bin() + " quantize --model " + tiny() + " --quant q3_k_m --out " + gguf + " --threads 2");
+  auto [s, t] = run_command(spill_bin() + " quantize --model " + tiny() + " --quant q3_k_m --out " + gguf + " --threads 2");
   ASSERT_EQ(s, 0) << t;
   const std::string ids = "1,872,90,3,4000,17,256,8191,2";
-  auto [s1, t1] = run(spill_bin() + " logits --model " + gguf + " --ids " + ids + " --out " + a);
+  auto [s1, t1] = run_command(spill_bin() + " logits --model " + gguf + " --ids " + ids + " --out " + a);
   ASSERT_EQ(s1, 0) << t1;
-  auto [s2, t2] = run(spill_bin() + " logits --model " + tiny() + " --quant q3_k_m --ids " + ids + " --out " + b);
+  auto [s2, t2] = run_command(spill_bin() + " logits --model " + tiny() + " --quant q3_k_m --ids " + ids + " --out " + b);
   ASSERT_EQ(s2, 0) << t2;
   const spill::NpyArray la = spill::read_npy_f32(a), lb = spill::read_npy_f32(b);
   EXPECT_EQ(la.shape, lb.shape);

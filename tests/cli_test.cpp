@@ -9,25 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/npy.h"
+#include "spill_process.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string spill_bin() {
-  const char* bin = std::getenv("SPILL_BIN");
-  return bin ? bin : "";
-}
-
-// Runs a shell command, returns (exit status, stdout+stderr).
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using spill::test::run_command;
+using spill::test::spill_bin;
 
 TEST(Npy, RoundTrip) {
   const fs::path path = fs::temp_directory_path() / ("spill_npy_" + std::to_string(::getpid()) + ".npy");
@@ -50,7 +39,7 @@ TEST(Cli, LogitsMatchFixture) {
     ids += std::to_string(id);
   }
   const fs::path out = fs::temp_directory_path() / ("spill_cli_logits_" + std::to_string(::getpid()) + ".npy");
-  auto [status, text] = run(spill_bin() + " logits --model " + dir.string() + " --ids " + ids + " --out " + out.string());
+  auto [status, text] = run_command(spill_bin() + " logits --model " + dir.string() + " --ids " + ids + " --out " + out.string());
   ASSERT_EQ(status, 0) << text;
   const spill::NpyArray a = spill::read_npy_f32(out.string());
   fs::remove(out);
@@ -70,7 +59,7 @@ TEST(Cli, LogitsMatchFixture) {
 
 TEST(Cli, InfoPrintsBytesByClass) {
   if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
-  auto [status, text] = run(spill_bin() + " info --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "qwen3_moe_fused").string());
+  auto [status, text] = run_command(spill_bin() + " info --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "qwen3_moe_fused").string());
   ASSERT_EQ(status, 0) << text;
   EXPECT_NE(text.find("qwen3_moe"), std::string::npos) << text;
   EXPECT_NE(text.find("routed experts"), std::string::npos) << text;
@@ -79,14 +68,14 @@ TEST(Cli, InfoPrintsBytesByClass) {
 
 TEST(Cli, BadIdsAndMissingModelAreClearErrors) {
   if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
-  auto [s1, t1] = run(spill_bin() + " logits --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
+  auto [s1, t1] = run_command(spill_bin() + " logits --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
                       " --ids 1,x,3 --out /tmp/never.npy");
   EXPECT_EQ(s1, 1);
   EXPECT_NE(t1.find("'x' is not a token id"), std::string::npos) << t1;
-  auto [s2, t2] = run(spill_bin() + " info --model /nonexistent/model");
+  auto [s2, t2] = run_command(spill_bin() + " info --model /nonexistent/model");
   EXPECT_EQ(s2, 1);
   EXPECT_NE(t2.find("/nonexistent/model"), std::string::npos) << t2;
-  auto [s3, t3] = run(spill_bin() + " logits --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
+  auto [s3, t3] = run_command(spill_bin() + " logits --model " + (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string() +
                       " --ids 1,100000 --out /tmp/never.npy");
   EXPECT_EQ(s3, 1);
   EXPECT_NE(t3.find("outside the vocabulary"), std::string::npos) << t3;
@@ -97,12 +86,12 @@ TEST(Cli, BadIdsAndMissingModelAreClearErrors) {
 TEST(Cli, ExpertPlanIsRefusedClearlyWhereItCannotApply) {
   if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
   const std::string model = (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense").string();
-  auto [s1, t1] = run(spill_bin() + " generate --device cpu --model " + model + " --prompt-ids 1,2 --max-tokens 1 --plan /nonexistent/plan.json");
+  auto [s1, t1] = run_command(spill_bin() + " generate --device cpu --model " + model + " --prompt-ids 1,2 --max-tokens 1 --plan /nonexistent/plan.json");
   EXPECT_NE(s1, 0);
   EXPECT_NE(t1.find("/nonexistent/plan.json"), std::string::npos) << t1;
   const std::string some_file = (fs::path(SPILL_TEST_DATA) / "parity" / "llama_dense" / "config.json").string();
   // The bundled model (no --model): it has a tokenizer.
-  auto [s2, t2] = run(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --plan " + some_file);
+  auto [s2, t2] = run_command(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --plan " + some_file);
   EXPECT_EQ(s2, 1);
   EXPECT_NE(t2.find("on --device cpu every weight is in host RAM already"), std::string::npos) << t2;
 }

@@ -34,10 +34,13 @@
 #include "model/gguf_export.h"
 #include "model/model.h"
 #include "quant/quant.h"
+#include "spill_process.h"
 #include "test_models.h"
 
 namespace spill {
 namespace {
+
+using test::run_spill;
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -598,16 +601,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCppLogits,
                                            "glm4_moe_per_expert", "glm4_moe_noqknorm_per_expert", "gpt_oss_bf16"));
 
 // ---- spill info on these files ------------------------------------------------------------------
-
-std::pair<int, std::string> run_spill(const std::string& args) {
-  const char* bin = std::getenv("SPILL_BIN");
-  std::string out;
-  FILE* p = ::popen((std::string(bin) + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WEXITSTATUS(status), out};
-}
 
 std::string line_starting(const std::string& text, const std::string& prefix) {
   std::istringstream in(text);

@@ -23,12 +23,15 @@
 #include "gguf_helpers.h"
 #include "model/model.h"
 #include "quant/quant_mix.h"
+#include "spill_process.h"
 #include "test_models.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace spill {
 namespace {
+
+using test::run_spill;
 
 namespace fs = std::filesystem;
 
@@ -394,16 +397,6 @@ TEST_P(SpillTinyVocab, ChatTemplateRendersIdentically) {
 }
 
 // ---- the spill executable on GGUF files ------------------------------------------------------
-
-std::pair<int, std::string> run_spill(const std::string& args) {
-  const char* bin = std::getenv("SPILL_BIN");
-  std::string out;
-  FILE* p = ::popen((std::string(bin) + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WEXITSTATUS(status), out};
-}
 
 #define REQUIRE_SPILL_BIN() \
   if (!std::getenv("SPILL_BIN")) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)"

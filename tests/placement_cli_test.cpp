@@ -11,23 +11,14 @@
 #include <numeric>
 #include <set>
 
+#include "spill_process.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string spill_bin() {
-  const char* bin = std::getenv("SPILL_BIN");
-  return bin ? bin : "";
-}
-
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using spill::test::run_command;
+using spill::test::spill_bin;
 
 fs::path temp(const std::string& name) { return fs::temp_directory_path() / (name + std::to_string(::getpid())); }
 
@@ -38,12 +29,12 @@ const std::string kSeedArgs = " plan --synthetic " + kSeed +
 
 TEST(PlacementCli, PlanRefusesWithExitOneAndWritesAPlanWhenItFits) {
   if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
-  auto [refused, text] = run(spill_bin() + kSeedArgs + " --no-offload");
+  auto [refused, text] = run_command(spill_bin() + kSeedArgs + " --no-offload");
   EXPECT_EQ(refused, 1) << text;
   EXPECT_NE(text.find("REFUSED: the model does not fit in VRAM without offload"), std::string::npos) << text;
 
   const fs::path out = temp("spill_plan_");
-  auto [ok, report] = run(spill_bin() + kSeedArgs + " --host-experts 30% --out " + out.string());
+  auto [ok, report] = run_command(spill_bin() + kSeedArgs + " --host-experts 30% --out " + out.string());
   ASSERT_EQ(ok, 0) << report;
   EXPECT_NE(report.find("does not fit without offload"), std::string::npos) << report;
   std::ifstream in(out);
@@ -63,13 +54,13 @@ TEST(PlacementCli, PlanRefusesWithExitOneAndWritesAPlanWhenItFits) {
 
 TEST(PlacementCli, PlanFlagErrorsAreClear) {
   if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
-  auto [a, t1] = run(spill_bin() + " plan --synthetic " + kSeed + " --gpu-mem 80G --quant experts=q3");
+  auto [a, t1] = run_command(spill_bin() + " plan --synthetic " + kSeed + " --gpu-mem 80G --quant experts=q3");
   EXPECT_EQ(a, 1);
   EXPECT_NE(t1.find("--quant: unknown type \"q3\""), std::string::npos) << t1;
-  auto [b, t2] = run(spill_bin() + " plan --synthetic " + kSeed + " --gpu-mem 80X");
+  auto [b, t2] = run_command(spill_bin() + " plan --synthetic " + kSeed + " --gpu-mem 80X");
   EXPECT_EQ(b, 1);
   EXPECT_NE(t2.find("--gpu-mem"), std::string::npos) << t2;
-  auto [c, t3] = run(spill_bin() + " plan --synthetic /nonexistent.json --gpu-mem 80G");
+  auto [c, t3] = run_command(spill_bin() + " plan --synthetic /nonexistent.json --gpu-mem 80G");
   EXPECT_EQ(c, 1);
   EXPECT_NE(t3.find("/nonexistent.json"), std::string::npos) << t3;
 }
@@ -81,7 +72,7 @@ TEST(PlacementCli, TopoAnswersWithoutAGpu) {
   // LeakSanitizer reports at exit as an unknown module, failing the exit status in sanitizer builds;
   // spill's own code is covered by every other test there.
   auto [status, text] =
-      run("ASAN_OPTIONS=detect_leaks=0 " + spill_bin() + " topo --seconds 0.2 --json " + out.string());
+      run_command("ASAN_OPTIONS=detect_leaks=0 " + spill_bin() + " topo --seconds 0.2 --json " + out.string());
   ASSERT_EQ(status, 0) << text;
   EXPECT_NE(text.find("NUMA nodes:"), std::string::npos) << text;
   std::ifstream in(out);
@@ -98,7 +89,7 @@ TEST(PlacementCli, ProfileCountsEveryRoutedToken) {
     std::ofstream p(prompts);
     p << R"({"prompt_ids": [5, 6, 7, 8, 9, 10, 11]})" << "\n" << R"({"prompt_ids": [300, 301, 302], "max_tokens": 2})" << "\n";
   }
-  auto [status, text] = run(spill_bin() + " profile --prompts " + prompts.string() + " --max-tokens 4 --threads 2 --out " + out.string());
+  auto [status, text] = run_command(spill_bin() + " profile --prompts " + prompts.string() + " --max-tokens 4 --threads 2 --out " + out.string());
   fs::remove(prompts);
   ASSERT_EQ(status, 0) << text;
   std::ifstream in(out);
@@ -119,10 +110,10 @@ TEST(PlacementCli, ProfileCountsEveryRoutedToken) {
 TEST(PlacementCli, PlanOfAGgufPricesTheFilesOwnMixByLayer) {
   if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
   const fs::path gguf = temp("spill_plan_q4km_").replace_extension(".gguf"), out = temp("spill_plan_gguf_");
-  auto [qs, qt] = run(spill_bin() + " quantize --quant q4_k_m --threads 2 --out " + gguf.string());
+  auto [qs, qt] = run_command(spill_bin() + " quantize --quant q4_k_m --threads 2 --out " + gguf.string());
   ASSERT_EQ(qs, 0) << qt;
-  auto [status, report] = run(spill_bin() + " plan --model " + gguf.string() + " --gpu-mem 10M --max-model-len 1024 --max-seqs 1 --max-batch-tokens 256 --out " + out.string());
-  auto [refused, why] = run(spill_bin() + " plan --model " + gguf.string() + " --gpu-mem 10M --quant q8_0");
+  auto [status, report] = run_command(spill_bin() + " plan --model " + gguf.string() + " --gpu-mem 10M --max-model-len 1024 --max-seqs 1 --max-batch-tokens 256 --out " + out.string());
+  auto [refused, why] = run_command(spill_bin() + " plan --model " + gguf.string() + " --gpu-mem 10M --quant q8_0");
   fs::remove(gguf);
   ASSERT_EQ(status, 0) << report;
   EXPECT_NE(report.find("types: as the file stores them"), std::string::npos) << report;
