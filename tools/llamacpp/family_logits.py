@@ -27,6 +27,9 @@ import tempfile
 import numpy as np
 import gguf
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from byte_vocab import byte_vocab  # noqa: E402
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 PARITY = os.path.join(ROOT, "tests", "data", "parity")
 FIXTURES = ["deepseek_v3_per_expert", "deepseek_v3_fused", "deepseek_v3_noqlora_per_expert", "glm4_moe_per_expert",
@@ -36,27 +39,14 @@ N_PROMPT, STEPS = 8, 16
 
 def byte_tokenizer(vocab):
     """The tokenizer.json tests/gguf_families_test.cpp writes (write_byte_tokenizer)."""
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, k = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + k)
-            k += 1
-    sym = {b: chr(c) for b, c in zip(bs, cs)}
-    rare = set(range(0x20)) - {9, 10, 13} | {0x7F, 0xC0, 0xC1} | set(range(0xF5, 0x100))
-    v = {}
-    for b in range(256):
-        if vocab < 256 and b in rare:
-            continue
-        v[sym[b]] = len(v)
-    v[sym[32] + "t"] = len(v)
+    tokens, merges = byte_vocab(vocab)
+    v = {t: i for i, t in enumerate(tokens)}
     bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     return {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": bl, "post_processor": None,
             "decoder": dict(bl, add_prefix_space=True),
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": v,
-                      "merges": [sym[32] + " t"]}}
+                      "merges": merges}}
 
 
 def widen_to_f32(src, dst):
