@@ -24,6 +24,7 @@
 #include "backend/cuda/sampling.h"
 #include "model/model.h"
 #include "offload/model_experts.h"
+#include "sampling/sampling_math.h"
 
 namespace spill {
 
@@ -370,8 +371,8 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   upload_weights(model);
   allocate_workspace();
   // The device sampler's scratch (12 bytes per logit per row), before the KV pool takes the rest.
-  // Its integer masses cover vocabularies up to 2^18; a larger one samples on the host.
-  if (spec_.vocab_size <= (int64_t(1) << 18)) {
+  // Its integer masses cover vocabularies up to kMaxSampledVocab; a larger one samples on the host.
+  if (uint64_t(spec_.vocab_size) <= kMaxSampledVocab) {
     sampling_ = std::make_unique<cuda::SamplingPlan>(int32_t(logit_rows_per_pass_), spec_.vocab_size);
     workspace_bytes_ += 12 * logit_rows_per_pass_ * spec_.vocab_size;
   }
