@@ -19,13 +19,21 @@ before(async () => {
 });
 after(() => srv?.stop());
 
-// Runs `streamed()` while a 1000-token request holds the only sequence slot; returns its events
-// and how long the blocker ran.
+// Runs `streamed()` while a long request holds the only sequence slot; returns its events and how
+// long the blocker ran. The blocker's client goes away after HOLD_MS (the server then ends it), so the
+// wait lasts about that long however fast the model is: spill-tiny makes 1000 tokens in ~1 s, a tiny
+// random family model in ~0.1 s, which was too short a wait to test.
+const HOLD_MS = 600;
 async function whileBlocked(streamed) {
   const t0 = performance.now();
-  const blocker = srv.post('/v1/completions', { model, prompt: 'def main():\n', max_tokens: 1000, temperature: 0, ignore_eos: true });
+  const release = new AbortController();
+  const blocker = srv.stream('/v1/completions', { model, prompt: 'def main():\n', max_tokens: 100000, temperature: 0, ignore_eos: true, stream: true },
+    { signal: release.signal });
   await new Promise((r) => setTimeout(r, 50));  // the blocker is admitted first
+  const letGo = setTimeout(() => release.abort(), HOLD_MS);
   const out = await streamed();
+  clearTimeout(letGo);
+  release.abort();
   const b = await blocker;
   assert.equal(b.status, 200, b.text);
   return { ...out, blockedMs: performance.now() - t0 };
