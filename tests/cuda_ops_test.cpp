@@ -542,8 +542,10 @@ TEST(CudaOps, FloatMatmulMatchesTheTwinAndIsBatchInvariant) {
   SPILL_SKIP_WITHOUT_GPU();
   ThreadPool tp(2);
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
-    for (int64_t n : {1, 3, 17, 64}) {
-      const int64_t rows = 75, cols = 200;
+    // 203: element loads; 200: 16-byte loads, part of one chunk; 4200 and 9000: 16-byte loads over
+    // more than one chunk of prefetched vectors (4096 F32 or 8192 BF16/F16 elements)
+    for (const auto& [n, cols] : {std::pair<int64_t, int64_t>{1, 203}, {3, 200}, {17, 9000}, {64, 203}, {1, 4200}}) {
+      const int64_t rows = 75;
       const std::vector<uint8_t> w = encode(randn(size_t(rows * cols), 31, 0.1f), t);
       const std::vector<float> wf = decode(w, t, rows, cols);
       const auto x = randn(size_t(n * cols), 32 + n), bias = randn(size_t(rows), 33);

@@ -8,7 +8,7 @@
 // rotates to the next layer; steps are captured in one CUDA graph and replayed; time per step is
 // the median replay over steps per replay. Bytes per step = the distinct routed experts' spans.
 //
-// Usage: cuda_moe_bench [--reps N] [--ceiling GBps] [--seed-shape] [--no-host] [--no-gemv]
+// Usage: cuda_moe_bench [--reps N] [--ceiling GBps] [--seed-shape] [--no-host] [--host-only] [--no-gemv]
 //                       [--shape s30|s235|seed] [--max-batch N]
 #include <cuda_runtime.h>
 
@@ -40,7 +40,7 @@ using namespace spill;
 namespace {
 
 int g_reps = 30;
-bool g_seed_shape = false, g_host = true, g_gemv = true;
+bool g_seed_shape = false, g_host = true, g_gemv = true, g_host_only = false;
 const char* g_only_shape = nullptr;  // "s30", "s235" or "seed": that shape alone
 int g_max_batch = 8;
 double g_ceiling_gbps = 4530.0;  // measured HBM read bandwidth of the H200 (issue 12)
@@ -197,10 +197,13 @@ MoeResult bench_moe(const Shape& sh, int64_t batch, const std::vector<uint8_t*>&
   MoeResult r;
   r.distinct = distinct_total / steps;
   r.mb = r.distinct * double(lay.bytes) / 1e6;
-  cudaGraphExec_t exec = capture(d_tables);
-  r.us = time_graph(exec, s, steps, g_reps);
-  cudaGraphExecDestroy(exec);
-  r.gbps = r.mb * 1e6 / (r.us * 1e3);
+  cudaGraphExec_t exec = nullptr;
+  if (!g_host_only) {
+    exec = capture(d_tables);
+    r.us = time_graph(exec, s, steps, g_reps);
+    cudaGraphExecDestroy(exec);
+    r.gbps = r.mb * 1e6 / (r.us * 1e3);
+  }
   if (host_pool) {
     exec = capture(d_host_tables);
     r.host_us = time_graph(exec, s, steps, 3);
@@ -263,12 +266,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--ceiling") && i + 1 < argc) g_ceiling_gbps = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--seed-shape")) g_seed_shape = true;
     else if (!std::strcmp(argv[i], "--no-host")) g_host = false;
+    else if (!std::strcmp(argv[i], "--host-only")) g_host_only = true;  // for a profiler: host column only
     else if (!std::strcmp(argv[i], "--no-gemv")) g_gemv = false;
     else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) g_only_shape = argv[++i];
     else if (!std::strcmp(argv[i], "--max-batch") && i + 1 < argc) g_max_batch = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: cuda_moe_bench [--reps N] [--ceiling GBps] [--seed-shape] [--no-host] [--no-gemv]"
+                   "usage: cuda_moe_bench [--reps N] [--ceiling GBps] [--seed-shape] [--no-host] [--host-only] [--no-gemv]"
                    " [--shape s30|s235|seed] [--max-batch N]\n");
       return 2;
     }

@@ -144,7 +144,9 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStrea
 
 // ---- dense matmul of F32/BF16/F16 weights (twin: cpu::matmul) ----------------------------------------
 // y[t, m] = sum_k x[t, k] * w[m, k] (+ bias[m]), y [n, rows], x [n, cols]. Each output is one
-// warp's fixed-order sum: lane l takes k = l, l + 32, ..., then a butterfly.
+// block's fixed-order sum: thread i takes the 16-byte vectors i, i + 128, ... of the row (single
+// elements where cols or the buffers do not allow 16-byte loads), then the warp butterfly and the
+// warps in order.
 bool matmul_float_supported(DType type);
 void matmul_float(const void* w, DType type, int64_t rows, int64_t cols, const float* x, int64_t n,
                   const float* bias, float* y, cudaStream_t stream);
