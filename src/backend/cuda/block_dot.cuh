@@ -445,9 +445,19 @@ __device__ __forceinline__ void quantize_tokens(XRow&& x_row, int tokens, int k_
 
 // ---- staging rows in shared memory ------------------------------------------------------------
 
+// Each staged row lands at the same offset within kStageAlign bytes of shared memory as its source
+// within global memory: a cp.async whose shared destination sits at another offset than its source
+// within 128 bytes is split into smaller requests, which costs nothing visible in HBM but halves
+// in-place reads of host memory over PCIe (H200: 27-29 GB/s instead of 44-50 for rows of 432, 1152
+// and 1760 bytes; tools/bench/host_read_patterns.cu).
+constexpr int kStageAlign = 128;
+
 // Shared bytes one staged row segment of `seg_bytes` takes: the segment may start anywhere inside
-// its first 16-byte chunk, and is copied as whole aligned chunks.
-__host__ __device__ constexpr int staged_row_stride(int seg_bytes) { return (seg_bytes + 15 + 15) / 16 * 16; }
+// its first 16-byte chunk, is copied as whole aligned chunks, and is shifted by up to
+// kStageAlign - 16 bytes to match its source's offset.
+__host__ __device__ constexpr int staged_row_stride(int seg_bytes) {
+  return (seg_bytes + 15 + 15 + (kStageAlign - 16)) / 16 * 16;
+}
 
 // The warp copies each of its rows' segment [src, src + seg_bytes) into its shared slot with
 // 16-byte cp.async (coalesced: consecutive lanes take consecutive chunks). Chunks cover
@@ -462,6 +472,7 @@ __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp]
   // Per row, in 32-bit offsets from its first aligned chunk: the head (start & 15), the chunks
   // wholly inside the segment, and the next chunk of each part.
   const uint8_t* base[kRowsPerWarp];
+  uint8_t* dst[kRowsPerWarp];
   unsigned dst_s[kRowsPerWarp];
   int head[kRowsPerWarp], full[kRowsPerWarp], next[kRowsPerWarp];
 #pragma unroll
@@ -469,8 +480,11 @@ __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp]
     const uintptr_t start = reinterpret_cast<uintptr_t>(src[r]);
     head[r] = int(start & 15);
     base[r] = reinterpret_cast<const uint8_t*>(start - uintptr_t(head[r]));
-    staged[r] = slot + r * stride + head[r];
-    dst_s[r] = static_cast<unsigned>(__cvta_generic_to_shared(slot + r * stride));
+    const unsigned row_s = static_cast<unsigned>(__cvta_generic_to_shared(slot + r * stride));
+    const unsigned shift = (unsigned(start - uintptr_t(head[r])) - row_s) & unsigned(kStageAlign - 1);
+    dst[r] = slot + r * stride + shift;
+    dst_s[r] = row_s + shift;
+    staged[r] = dst[r] + head[r];
     full[r] = (head[r] + seg_bytes) / 16;
     next[r] = 0;
   }
@@ -488,8 +502,8 @@ __device__ __forceinline__ int stage_rows(const uint8_t* const src[kRowsPerWarp]
         } else {
           // The segment's last bytes, where it ends inside a 16-byte chunk: byte loads, so
           // nothing past the end (maybe the end of the allocation) is touched.
-          uint8_t* dst = slot + r * stride + c * 16;
-          for (int i = 0; i < 16; ++i) dst[i] = c * 16 + i < head[r] + seg_bytes ? base[r][c * 16 + i] : uint8_t(0);
+          uint8_t* chunk = dst[r] + c * 16;
+          for (int i = 0; i < 16; ++i) chunk[i] = c * 16 + i < head[r] + seg_bytes ? base[r][c * 16 + i] : uint8_t(0);
         }
       }
       next[r] = last;
