@@ -208,7 +208,13 @@ TEST(Gguf, BadTensorInfos) {
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {-4}, 0, 0).align().zeros(32).b, "negative");
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {int64_t(1) << 40, int64_t(1) << 40}, 0, 0).align().zeros(32).b,
                     "'w'", "overflow");
-  EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {4, INT64_MAX}, 0, 0).align().zeros(32).b, "overflow");
+  EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {4, INT64_MAX}, 0, 0).align().zeros(32).b, "more than");
+  // A huge row beside a zero dimension holds no bytes, but its row alone overflows (found by fuzz_gguf).
+  EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {int64_t(1) << 62, 0}, 0, 0).align().zeros(32).b, "'w'",
+                    "dimension 0", "more than");
+  // An empty tensor (a zero dimension) whose other dimensions' product overflows.
+  EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {0, int64_t(1) << 40, int64_t(1) << 40}, 0, 0).align().zeros(32).b,
+                    "'w'", "overflow");
   EXPECT_GGUF_ERROR(RawGguf().header(1, 0).tensor("w", {256}, 16, 0).align().zeros(96).b, "'w'", "IQ2_XXS",
                     "does not load");
   // Q5_0 (ggml type 6) loads, in whole blocks of 32 only

@@ -12,6 +12,8 @@ namespace spill::gguf {
 namespace {
 
 constexpr uint32_t kMaxValueType = 12;
+// No tensor dimension comes near this (vocabularies are ~2^18, context-length tables ~2^24).
+constexpr int64_t kMaxDimension = int64_t(1) << 48;
 
 bool valid_value_type(uint32_t t) { return t <= kMaxValueType; }
 
@@ -353,6 +355,11 @@ Header parse(const uint8_t* data, size_t size, const std::string& where, const P
     for (uint32_t d = 0; d < n_dims; ++d) {
       const int64_t ne = c.read<int64_t>(name);
       if (ne < 0) fail("{}: tensor '{}': dimension {} is negative ({})", where, name, d, ne);
+      // Also with another dimension 0 (no bytes at all), so that no product of one dimension and
+      // a type's bytes per element further on can overflow.
+      if (ne > kMaxDimension)
+        fail("{}: tensor '{}': dimension {} is {}, more than {} (the header is corrupt)", where, name, d, ne,
+             kMaxDimension);
       info.ne[d] = ne;
     }
     info.ggml_type = c.read<uint32_t>(name);
@@ -383,11 +390,15 @@ Header parse(const uint8_t* data, size_t size, const std::string& where, const P
     if (info.ne[0] % tr.block_elems != 0)
       fail("{}: tensor '{}' ({}): rows of {} weights are not whole blocks of {}", where, name, tr.name, info.ne[0],
            tr.block_elems);
-    uint64_t nbytes = uint64_t(info.ne[0] / tr.block_elems) * uint64_t(tr.block_bytes);
-    uint64_t numel = uint64_t(info.ne[0]);
+    uint64_t nbytes = 0;
+    if (!mul_ok(uint64_t(info.ne[0] / tr.block_elems), uint64_t(tr.block_bytes), nbytes))
+      fail("{}: tensor '{}': dims overflow (the header is corrupt)", where, name);
+    // The product of the dimensions with zeros counted as 1 bounds every partial product a view
+    // takes of them (rows, nbytes) in any order, so none can overflow even where the tensor is empty.
+    uint64_t extent = uint64_t(std::max<int64_t>(info.ne[0], 1));
     for (int d = 1; d < info.n_dims; ++d)
-      if (!mul_ok(nbytes, uint64_t(info.ne[d]), nbytes) || !mul_ok(numel, uint64_t(info.ne[d]), numel) ||
-          numel > (uint64_t(1) << 62))
+      if (!mul_ok(nbytes, uint64_t(info.ne[d]), nbytes) ||
+          !mul_ok(extent, uint64_t(std::max<int64_t>(info.ne[d], 1)), extent) || extent > (uint64_t(1) << 60))
         fail("{}: tensor '{}': dims overflow (the header is corrupt)", where, name);
     info.nbytes = nbytes;
     if (info.offset % h.alignment != 0)
