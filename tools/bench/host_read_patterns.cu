@@ -23,6 +23,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cuda/block_dot.cuh"
+
 #define CHECK(x)                                                                             \
   do {                                                                                       \
     cudaError_t e_ = (x);                                                                    \
@@ -36,6 +38,7 @@ namespace {
 
 constexpr int kWarps = 8, kRows = 4;
 
+// The ceiling kernel's pattern (backend/cuda/bandwidth.cu's read_kernel), here timed one-shot.
 __global__ void stream_kernel(const uint4* __restrict__ data, size_t n, unsigned* sink) {
   unsigned acc = 0;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
@@ -283,16 +286,8 @@ void run_all(const char* memory, const uint8_t* pool, const Args& args, unsigned
     CHECK(cudaFuncSetAttribute(moe_layout_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     {
       const double g = time_pattern(pool, args.pool_bytes, moe_step, args.reps, [&](const uint8_t* p) {
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(width / 16, experts);
-        config.blockDim = dim3(kWarps * 32);
-        config.dynamicSmemBytes = smem;
-        cudaLaunchAttribute attribute{};
-        attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attribute.val.programmaticStreamSerializationAllowed = 1;
-        config.attrs = &attribute;
-        config.numAttrs = 1;
-        CHECK(cudaLaunchKernelEx(&config, moe_layout_kernel<true, true>, p, row, matrix, expert, sink));
+        CHECK(spill::cuda::launch_overlapped(moe_layout_kernel<true, true>, dim3(width / 16, experts),
+                                             dim3(kWarps * 32), smem, nullptr, p, row, matrix, expert, sink));
       });
       rows.push_back({"moe layout, PDL launch", g * moe_read / double(moe_step)});
     }
