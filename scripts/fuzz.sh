@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.cpp) with clang, ASan and UBSan, and runs each
-# for SECONDS (default 60), SPILL_JOBS (default: the number of CPUs) at a time, on a copy of its seed corpus (tests/fuzz/corpus/<name>, which stays as
-# committed). A crash, leak, sanitizer report or timeout leaves its input in BUILD/fuzz-findings
-# and fails the script. Usage: scripts/fuzz.sh [seconds] [build-dir]
+# for SECONDS (default 60), SPILL_JOBS of them at a time (default: the number of CPUs), on a copy
+# of its seed corpus (tests/fuzz/corpus/<name>, which stays as committed). A crash, leak, sanitizer
+# report or timeout leaves its input in BUILD/fuzz-findings and fails the script.
+# Usage: scripts/fuzz.sh [seconds] [build-dir]
 # Reproduce a finding: BUILD/fuzz_<name> BUILD/fuzz-findings/<name>/crash-...
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,15 +1,15 @@
-// Which access pattern lets a kernel read pinned, device-mapped host memory in place at the PCIe
-// limit? The MoE kernels (backend/cuda/moe.cu) read host experts at ~23 GB/s where a streaming
-// kernel reads the same kind of memory at ~50 GB/s (docs/perf/offload-h200-2026-12-01.md); this
-// program reads one decode step's worth of expert bytes (one-shot kernels over a region that is
-// not in L2) in several patterns and prints GB/s for each:
-//   stream        grid-stride 16-byte loads, 4 in flight per thread (the ceiling kernel)
-//   rows-cpasync  the MoE gate/up staging: a warp copies 4 rows of `row` bytes into shared memory
-//                 by 16-byte cp.async.cg (lanes on consecutive chunks), 8 warps per block
-//   rows-ldg      the same rows by 16-byte ld.global.nc into registers
-//   rows-cpasync-ca  as rows-cpasync with cp.async.ca (through L1)
-//   block-cpasync a block copies one contiguous span of 8 x 4 rows, its 256 threads on
-//                 consecutive chunks
+// Which access patterns let a kernel read pinned, device-mapped host memory in place at the PCIe
+// limit? Reads one decode step's worth of expert bytes (one-shot kernels over a region not in L2)
+// in several patterns and prints GB/s for each (docs/perf/host-reads-2026-12-01.md):
+//   stream              the ceiling probe's pattern (backend/cuda/bandwidth.cu), 528 and 2112 blocks
+//   rows-cpasync        a warp stages 4 rows of `row` bytes into shared memory by 16-byte
+//                       cp.async.cg, 8 warps per block; also at most 1-4 blocks per SM
+//   stride S [matched]  the same rows at a shared row stride S; "matched": each row lands at its
+//                       source's offset within 128 bytes (what stage_rows does). Any other offset
+//                       splits the copies and halves the rate over PCIe
+//   rows-cpasync-ca, rows-ldg, block-cpasync   through L1, into registers, one span per block
+//   moe ...             the MoE gate/up kernel's layout, also launched with programmatic
+//                       dependent launch, and with each warp's rows contiguous
 // over memory from cudaHostAlloc(Mapped) and from mmap + cudaHostRegister(Mapped) (what the
 // expert store pins), filled with ones or (--random) random bytes.
 // Usage: host_read_patterns [--mib-per-step 21] [--row 1152] [--reps 20] [--random]
@@ -24,35 +24,16 @@
 #include <vector>
 
 #include "backend/cuda/block_dot.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
 
-#define CHECK(x)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
+// A failed CUDA call throws spill::Error naming the call (main prints it).
+#define CHECK(x) spill::cuda::check((x), #x)
 
 namespace {
 
 constexpr int kWarps = 8, kRows = 4;
 
-// The ceiling kernel's pattern (backend/cuda/bandwidth.cu's read_kernel), here timed one-shot.
-__global__ void stream_kernel(const uint4* __restrict__ data, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride], d = data[i + 3 * stride];
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-  }
-  for (; i < n; i += stride) acc ^= data[i].x;
-  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
-}
-
-// Mode 0: cp.async.cg, 1: cp.async.ca, 2: ld.global.nc into registers. Each warp: rows
-// (4 * warp_index .. +4) of the block's span; row r of warp w at span + (w * 4 + r) * row.
 // Rows of `row` bytes staged at a shared-memory row stride `stride`; match: each row's first byte
 // lands at the same offset within 128 bytes as its source (stride a multiple of 128).
 __global__ void __launch_bounds__(kWarps * 32) strided_rows_kernel(const uint8_t* data, int row, int stride, bool match,
@@ -74,6 +55,22 @@ __global__ void __launch_bounds__(kWarps * 32) strided_rows_kernel(const uint8_t
   if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
+// The pattern of the ceiling probe's kernel (backend/cuda/bandwidth.cu, which times repeated passes
+// over one buffer), here launched once per region.
+__global__ void stream_kernel(const uint4* __restrict__ data, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride], d = data[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) acc ^= data[i].x;
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+
+// Mode 0: cp.async.cg, 1: cp.async.ca, 2: ld.global.nc into registers. Each warp: rows
+// (4 * warp_index .. +4) of the block's span; row r of warp w at span + (w * 4 + r) * row.
 template <int kMode>
 __global__ void __launch_bounds__(kWarps * 32) rows_kernel(const uint8_t* data, int row, unsigned* sink) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -299,7 +296,7 @@ void run_all(const char* memory, const uint8_t* pool, const Args& args, unsigned
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--mib-per-step") && i + 1 < argc) args.mib_per_step = std::atof(argv[++i]);
@@ -341,4 +338,13 @@ int main(int argc, char** argv) {
     munmap(h, args.pool_bytes);
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const spill::Error& e) {
+    std::fprintf(stderr, "host_read_patterns: %s\n", e.what());
+    return 1;
+  }
 }
