@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/block_dot.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -116,6 +117,23 @@ int32_t token_group_for(int64_t k_len) {
   return g;
 }
 
+// Blocks of the one-token kernel the current GPU holds at once with chunks of k_chunk weights:
+// its launch bounds allow 8 per SM; shared memory may allow fewer.
+int64_t resident_blocks(DType type, int64_t k_chunk) {
+  static const std::pair<int64_t, int64_t> gpu = [] {
+    int device = 0, count = 132, smem = 228 * 1024;
+    if (cudaGetDevice(&device) == cudaSuccess) {
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    }
+    cudaGetLastError();  // a failed query leaves the defaults, not a sticky error
+    return std::pair<int64_t, int64_t>(count, smem);
+  }();
+  const int64_t block_smem = int64_t(kRowsPerBlock) * staged_row_stride(int(segment_bytes(type, k_chunk))) + 16 +
+                             act_q8_bytes(1, int(k_chunk)) + 1024;  // + the runtime's reserve per block
+  return gpu.first * std::clamp<int64_t>(gpu.second / block_smem, 1, 8);
+}
+
 }  // namespace
 
 GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
@@ -135,17 +153,28 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   plan.row_tiles = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t block_elems = dtype_block_elems(type), k_blocks = cols / block_elems;
   // Chunks: at least 512 weights (half a warp's lanes have a unit at the least), at most
-  // kMaxSegmentBytes, and as many as it takes to reach kTargetBlocks blocks.
+  // kMaxSegmentBytes, and as many as it takes to reach kTargetBlocks blocks, but no more than fit
+  // on the GPU at once: at batch 1 a block's time is its chain of dependent steps, so a grid of
+  // 1.2 waves (the tail's blocks start when the first wave's end) costs nearly two.
   const int64_t min_blocks = std::min<int64_t>(k_blocks, std::max<int64_t>(1, 512 / block_elems));
   const int64_t max_blocks = std::max<int64_t>(min_blocks, kMaxSegmentBytes / dtype_traits(type).block_bytes);
-  const int64_t want_splits = std::max<int64_t>(1, (kTargetBlocks + plan.row_tiles - 1) / plan.row_tiles);
-  int64_t chunk_blocks = (k_blocks + want_splits - 1) / want_splits;
-  chunk_blocks = std::clamp(chunk_blocks, min_blocks, max_blocks);
   // A chunk holds whole activation blocks of 256 (their int8 scale is per block, from the row's
   // start): for Q8_0, a multiple of 8 weight blocks, unless it is the whole row.
   const int64_t per_act_block = std::max<int64_t>(1, kActBlock / block_elems);
-  chunk_blocks = std::max<int64_t>(per_act_block, chunk_blocks / per_act_block * per_act_block);
-  if (chunk_blocks > k_blocks) chunk_blocks = k_blocks;
+  auto chunk_for_splits = [&](int64_t splits) {
+    int64_t c = std::clamp((k_blocks + splits - 1) / splits, min_blocks, max_blocks);
+    c = std::max<int64_t>(per_act_block, (c + per_act_block - 1) / per_act_block * per_act_block);
+    if (c > max_blocks) c = std::max<int64_t>(per_act_block, max_blocks / per_act_block * per_act_block);
+    return std::min(c, k_blocks);
+  };
+  int64_t chunk_blocks = chunk_for_splits(std::max<int64_t>(1, (kTargetBlocks + plan.row_tiles - 1) / plan.row_tiles));
+  auto splits_of = [&](int64_t c) { return (k_blocks + c - 1) / c; };
+  while (splits_of(chunk_blocks) > 1 &&
+         plan.row_tiles * splits_of(chunk_blocks) > resident_blocks(type, chunk_blocks * block_elems)) {
+    const int64_t next = chunk_for_splits(splits_of(chunk_blocks) - 1);
+    if (splits_of(next) >= splits_of(chunk_blocks)) break;  // the segment cap allows no fewer chunks
+    chunk_blocks = next;
+  }
   plan.k_chunk = chunk_blocks * block_elems;
   plan.k_splits = int32_t((cols + plan.k_chunk - 1) / plan.k_chunk);
   plan.workspace_bytes = plan.k_splits == 1 ? 0

@@ -12,8 +12,9 @@
 // shared memory with coalesced 16-byte copies, the block rounds a group of tokens' activations of
 // that chunk into shared memory, then each warp dots its rows with them. When the rows
 // alone give too few blocks to fill the GPU, K is split into chunks whose partial sums the last
-// block of each row tile adds in chunk order: the split depends on (type, rows, cols) only, so a
-// row's result never depends on n or on the other rows.
+// block of each row tile adds in chunk order: the split depends on (type, rows, cols) and the GPU's
+// size (a grid is kept to one wave where the chunk sizes allow) only, so a row's result never
+// depends on n or on the other rows.
 #pragma once
 #include <cuda_runtime.h>
 
