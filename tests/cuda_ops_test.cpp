@@ -285,6 +285,7 @@ void run_attention_case(const AttnCase& c, uint64_t seed) {
   std::vector<float> step_q_rot, step_out_cpu;
   std::vector<float> gpu_out;
   std::vector<int32_t> step_pos;
+  bool tensor_cores = false;  // the step ran the tensor-core kernel (bf16 q and weights)
   std::vector<float> step_k, step_v;
   for (int phase = 0; phase < 2; ++phase) {
     std::vector<cpu::AttentionChunk> chunks;
@@ -322,12 +323,13 @@ void run_attention_case(const AttnCase& c, uint64_t seed) {
                         s0);
     const int32_t max_pos = *std::max_element(positions.begin(), positions.end()) + 1;
     DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, nh, D, max_pos), 1)) * 4);
-    cuda::paged_attention({.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr, .kv_type = c.kv_type,
-                           .positions = pd.as<int32_t>(), .table_offset = od.as<int32_t>(),
-                           .block_tables = fd.as<int32_t>(), .block_size = bs, .out = out.as<float>(), .n = n,
-                           .n_heads = nh, .n_kv_heads = nkv, .head_dim = D, .max_positions = max_pos,
-                           .workspace = ws.as<float>()},
-                          s0);
+    const cuda::AttentionArgs attention_args{
+        .q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr, .kv_type = c.kv_type,
+        .positions = pd.as<int32_t>(), .table_offset = od.as<int32_t>(), .block_tables = fd.as<int32_t>(),
+        .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh, .n_kv_heads = nkv, .head_dim = D,
+        .max_positions = max_pos, .workspace = ws.as<float>()};
+    cuda::paged_attention(attention_args, s0);
+    tensor_cores = cuda::attention_mma_heads(attention_args) > 0;
     CUDA_OK(cudaDeviceSynchronize());
     const auto q_gpu = test::download<float>(qd.ptr, q.size());
     const std::vector<float> q_in(q), k_in(k);
@@ -404,8 +406,15 @@ void run_attention_case(const AttnCase& c, uint64_t seed) {
             }
             max_qk = std::max(max_qk, s / std::sqrt(double(D)));
           }
-          const double ds = 2 * gamma(D + 2) * max_qk;
-          const double rel = 4 * ds + 2 * gamma(2 * n_pos + 16) + 16 * kU;
+          double ds = 2 * gamma(D + 2) * max_qk;
+          double rel = 4 * ds + 2 * gamma(2 * n_pos + 16) + 16 * kU;
+          if (tensor_cores) {
+            // q rounded to bf16 (each element within 2^-9 relative) moves a score by at most
+            // 2^-9 sum |q k| / sqrt(D); the tensor cores' f32 sums are taken as one ulp per add
+            // (2u, not u); the softmax weights rounded to bf16 move the output by 2^-9 max |v|.
+            ds = (std::ldexp(1.0, -9) + 2 * gamma(2 * (D + 2))) * max_qk;
+            rel = 4 * ds + std::ldexp(1.0, -9) + 2 * gamma(2 * (2 * n_pos + 16)) + 16 * kU;
+          }
           for (int64_t d = 0; d < D; ++d) {
             const size_t i = size_t((t * nh + h) * D + d);
             ASSERT_NEAR(got[i], cpu_out[i], rel * max_v + 1e-30)
@@ -463,6 +472,13 @@ TEST(CudaOps, AttentionOverSeveralPartitionsMatchesTheTwin) {
   }
   run_attention_case({4, 1, 128, 16, {{P - 1, 1}, {P, 1}, {2 * P + 37, 1}, {P - 5, 9}, {M + 999, 1}}, DType::F32}, 6);
   run_attention_case({4, 2, 64, 16, {{3 * P + 7, 1}, {M - 1, 2}}, DType::BF16}, 9);
+  // The tensor-core kernel's shapes: head_dim 128 over a BF16 cache with GQA groups of 8 (S30), 16
+  // (S235), 5 (the seed shape: rows past the group are padding) and 32 (two blocks per KV head);
+  // positions at the edges of tiles and partitions, and partitions longer than four tiles.
+  run_attention_case({8, 1, 128, 16, {{0, 1}, {31, 1}, {P, 1}, {3 * P + 7, 1}, {M + 999, 1}, {40, 1}}, DType::BF16}, 10);
+  run_attention_case({32, 2, 128, 16, {{P - 1, 1}, {2 * P + 37, 1}, {5, 13}}, DType::BF16}, 11);
+  run_attention_case({10, 2, 128, 16, {{0, 7}, {77, 1}, {P + 1, 1}}, DType::BF16}, 12);
+  run_attention_case({64, 2, 64, 16, {{200, 1}, {33, 2}}, DType::BF16}, 13);
 }
 
 TEST(CudaOps, AttentionOverABf16CacheMatchesTheTwinOnTheStoredValues) {

@@ -750,6 +750,246 @@ __global__ void __launch_bounds__(kBlock) attention_tile_kernel(AttentionArgs a,
   }
 }
 
+// ---- paged attention on tensor cores (BF16 cache) --------------------------------------------------
+// One block of kWarpsPerBlock warps per (token, kHeads <= 16 query heads of one KV head, partition);
+// warp w takes the partition's 32-position tiles w, w + 4, ... Both products are mma.m16n8k16 with
+// f32 accumulation: S[16 heads x 8 positions] = Q K^T over head_dim in steps of 16 (rows past
+// kHeads are zero), and O[16 x D] += P V over 16 positions a step. So one warp instruction does
+// what 128 lanes' fma chains do in attention_tile_kernel, whose chains of ~1,800 instructions per
+// warp set that kernel's time at batch 1 (ncu: 13.6 us for 1 MB of KV, S30 at context 512).
+//
+// Arithmetic: q and the softmax weights p are rounded to bf16 for the products (K and V already are
+// bf16), scores are scaled by 1/sqrt(D) and the softmax is the online one in f32 per 32-position
+// tile, l summed over a row's own weights before rounding; warps and partitions merge as in the
+// tile kernel. head_dim is taken in an order that lets each lane load 16-byte words of K: the
+// product's k index 2t, 2t+1, 2t+8, 2t+9 of step 2m+h (t = lane % 4) is dimension 8 (t + 4m) +
+// 4h + 0, 1, 2, 3, for q and k alike (a sum over the same pairs). V goes through shared memory
+// (cp.async, rows zero-filled past the partition) and ldmatrix.trans gives its fragments.
+// Batch-invariant: a token's heads are the only rows of its products.
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+constexpr int kMmaTile = 32;  // positions a warp takes at once
+
+// Shared bytes of one warp's V tile: 32 rows of D bf16, padded by 16 bytes so that ldmatrix's eight
+// row addresses fall in different banks.
+__host__ __device__ constexpr int mma_v_row_bytes(int D) { return 2 * D + 16; }
+__host__ __device__ constexpr int mma_attention_smem(int D) {
+  const int v = kWarpsPerBlock * kMmaTile * mma_v_row_bytes(D);
+  const int merge = kWarpsPerBlock * 16 * D * 4;  // the warps' O, reusing the V tiles' bytes
+  return v > merge ? v : merge;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kBlock) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads) {
+  constexpr int kSteps = D / 16;    // k steps of Q K^T
+  constexpr int kWords = D / 32;    // 16-byte words of a K row per lane and position
+  constexpr int kOTiles = D / 8;    // n tiles of P V
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float m_s[kWarpsPerBlock][16], l_s[kWarpsPerBlock][16];
+  overlap_prologue();
+  const int32_t chunks = int32_t(a.n_heads / kHeads);
+  const int32_t t = int32_t(blockIdx.x) / chunks, h0 = (int32_t(blockIdx.x) % chunks) * kHeads;
+  const int part = blockIdx.y;
+  const int32_t n_pos = a.positions[t] + 1;
+  const AttentionSplit split = attention_split(n_pos);
+  const int32_t n_parts = split.parts;
+  if (part >= n_parts) return;
+  const int32_t kvh = h0 / int32_t(a.n_heads / a.n_kv_heads);
+  const int64_t row_elems = a.n_kv_heads * D;
+  const int32_t* table = a.block_tables + a.table_offset[t];
+  const float scale = 1.0f / sqrtf(float(D));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
+  const int32_t p_begin = part * split.length;
+  const int32_t p_end = min(n_pos, p_begin + split.length);
+  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache) + int64_t(kvh) * D;
+  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache) + int64_t(kvh) * D;
+  uint8_t* v_tile = smem + warp * kMmaTile * mma_v_row_bytes(D);
+
+  // Q as A fragments: rows g and g + 8 (heads h0 + g, h0 + g + 8; zero past kHeads).
+  uint32_t qa[kSteps][4];
+#pragma unroll
+  for (int m = 0; m < kWords; ++m) {
+    float lo[8] = {0, 0, 0, 0, 0, 0, 0, 0}, hi[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const int d0 = 8 * (tq + 4 * m);
+    if (g < kHeads) {
+      const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(t) * a.ld_q + int64_t(h0 + g) * D + d0);
+      const float4 x0 = q[0], x1 = q[1];
+      lo[0] = x0.x, lo[1] = x0.y, lo[2] = x0.z, lo[3] = x0.w, lo[4] = x1.x, lo[5] = x1.y, lo[6] = x1.z, lo[7] = x1.w;
+    }
+    if (g + 8 < kHeads) {
+      const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(t) * a.ld_q + int64_t(h0 + g + 8) * D + d0);
+      const float4 x0 = q[0], x1 = q[1];
+      hi[0] = x0.x, hi[1] = x0.y, hi[2] = x0.z, hi[3] = x0.w, hi[4] = x1.x, hi[5] = x1.y, hi[6] = x1.z, hi[7] = x1.w;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      qa[2 * m + h][0] = pack_bf16x2(lo[4 * h], lo[4 * h + 1]);
+      qa[2 * m + h][1] = pack_bf16x2(hi[4 * h], hi[4 * h + 1]);
+      qa[2 * m + h][2] = pack_bf16x2(lo[4 * h + 2], lo[4 * h + 3]);
+      qa[2 * m + h][3] = pack_bf16x2(hi[4 * h + 2], hi[4 * h + 3]);
+    }
+  }
+
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
+  float o[kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  for (int32_t tile = p_begin + warp * kMmaTile; tile < p_end; tile += kWarpsPerBlock * kMmaTile) {
+    auto row_of = [&](int32_t p) {
+      return (int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size) * row_elems;
+    };
+    // V rows of the tile into shared memory (zeros past the partition), in flight during Q K^T.
+    __syncwarp();  // the previous tile's ldmatrix reads are done
+    {
+      constexpr int kChunks = D / 8;  // 16-byte pieces per row
+      const unsigned base = unsigned(__cvta_generic_to_shared(v_tile));
+#pragma unroll 4
+      for (int i = lane; i < kMmaTile * kChunks; i += 32) {
+        const int r = i / kChunks, c = i % kChunks;
+        const int32_t p = tile + r;
+        const bool live = p < p_end;
+        const __nv_bfloat16* src = vc + (live ? row_of(p) : 0) + 8 * c;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + unsigned(r * mma_v_row_bytes(D) + 16 * c)),
+                     "l"(src), "r"(live ? 16 : 0));
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    // S = Q K^T for the tile's four n tiles of 8 positions; lane holds positions 2 tq, 2 tq + 1 of each.
+    // Every K word of the tile is requested before the first product (one round trip, not four).
+    uint4 kw[4][kWords];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int32_t p = tile + 8 * j + g;
+      const bool live = p < p_end;
+      const uint4* k4 = reinterpret_cast<const uint4*>(kc + (live ? row_of(p) : 0));
+#pragma unroll
+      for (int m = 0; m < kWords; ++m) kw[j][m] = live ? k4[tq + 4 * m] : make_uint4(0, 0, 0, 0);
+    }
+    float sc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+      for (int m = 0; m < kWords; ++m) {
+        mma_bf16_16x8x16(sc[j], qa[2 * m], kw[j][m].x, kw[j][m].y);
+        mma_bf16_16x8x16(sc[j], qa[2 * m + 1], kw[j][m].z, kw[j][m].w);
+      }
+    }
+    // Online softmax per row over the tile: a row's values sit in the four lanes of a quad.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int32_t p = tile + 8 * j + 2 * tq + (e & 1);
+        sc[j][e] = p < p_end ? __fmul_rn(sc[j][e], scale) : -INFINITY;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[j][e]);
+      }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m_run[r], tile_max[r]);
+      corr[r] = expf(__fsub_rn(m_run[r], m_new));  // 0 on the first tile
+      m_run[r] = m_new;
+      l_run[r] = __fmul_rn(l_run[r], corr[r]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[j][e] = expf(__fsub_rn(sc[j][e], m_run[e >> 1]));  // 0 past the partition
+        l_run[e >> 1] = __fadd_rn(l_run[e >> 1], sc[j][e]);
+      }
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      o[j][0] = __fmul_rn(o[j][0], corr[0]);
+      o[j][1] = __fmul_rn(o[j][1], corr[0]);
+      o[j][2] = __fmul_rn(o[j][2], corr[1]);
+      o[j][3] = __fmul_rn(o[j][3], corr[1]);
+    }
+    // O += P V: P's A fragments are S's C fragments of n tiles 2kk and 2kk + 1.
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncwarp();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      // Lanes 0-7 address rows 16kk + 0..7 of dims 8j.., 8-15 rows 16kk + 8..15, 16-31 the same for 8(j+1)..
+      const int r = 16 * kk + (lane & 15), dcol = 8 * (lane >> 4);
+      const unsigned row_addr = unsigned(__cvta_generic_to_shared(v_tile + r * mma_v_row_bytes(D) + 2 * dcol));
+#pragma unroll
+      for (int j = 0; j < kOTiles; j += 2) {
+        uint32_t b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(row_addr + unsigned(16 * j)));
+        mma_bf16_16x8x16(o[j], pa, b0, b1);
+        mma_bf16_16x8x16(o[j + 1], pa, b2, b3);
+      }
+    }
+  }
+  // A row's l is the sum over its quad.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 1));
+    l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 2));
+  }
+  __syncthreads();  // every warp is done with its V tile: the bytes hold the warps' O now
+  float* acc_s = reinterpret_cast<float*>(smem);  // [warp][16][D]
+  if (tq == 0) {
+    m_s[warp][g] = m_run[0], m_s[warp][g + 8] = m_run[1];
+    l_s[warp][g] = l_run[0], l_s[warp][g + 8] = l_run[1];
+  }
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) {
+    float* rg = acc_s + (warp * 16 + g) * D + 8 * j + 2 * tq;
+    rg[0] = o[j][0], rg[1] = o[j][1];
+    rg[8 * D] = o[j][2], rg[8 * D + 1] = o[j][3];
+  }
+  __syncthreads();
+  // Merge the warps in order (a warp with no tile has m = -inf and weight 0).
+  for (int i = threadIdx.x; i < kHeads * D; i += kBlock) {
+    const int r = i / D, d = i % D;
+    const int64_t h = h0 + r, th = int64_t(t) * a.n_heads + h;
+    float M = m_s[0][r];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w][r]);
+    float L = 0.0f, out = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerBlock; ++w)
+      if (m_s[w][r] != -INFINITY) {
+        const float f = expf(__fsub_rn(m_s[w][r], M));
+        L = __fadd_rn(L, __fmul_rn(l_s[w][r], f));
+        out = __fmaf_rn(acc_s[(w * 16 + r) * D + d], f, out);
+      }
+    if (n_parts == 1) {
+      a.out[int64_t(t) * a.n_heads * D + h * D + d] = __fdiv_rn(out, L);
+    } else {
+      float* ws = a.workspace + (th * n_parts_grid + part) * (D + 2);
+      ws[2 + d] = out;
+      if (d == 0) {
+        ws[0] = M;
+        ws[1] = L;
+      }
+    }
+  }
+}
+
 // Merges the partitions of every (token, head) that has more than one, in partition order.
 __global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
   overlap_prologue();
@@ -1227,6 +1467,15 @@ int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t 
   return parts <= 1 ? 0 : max_tokens * n_heads * parts * (head_dim + 2);
 }
 
+int attention_mma_heads(const AttentionArgs& a) {
+  if (a.kv_type != DType::BF16 || (a.head_dim != 64 && a.head_dim != 128) || a.n_kv_heads <= 0 ||
+      a.n_heads % a.n_kv_heads != 0)
+    return 0;
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  if (group <= 16) return int(group);
+  return group % 16 == 0 ? 16 : 0;
+}
+
 int attention_launches(int32_t max_positions) { return grid_partitions(max_positions) > 1 ? 2 : 1; }
 
 void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
@@ -1238,6 +1487,21 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   const int32_t parts = std::max(grid_partitions(a.max_positions), a.min_grid_parts);
   if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
+  const dim3 merge_grid(grid_dim(a.n * a.n_heads, "attention"));
+  if (const int heads = attention_mma_heads(a); heads > 0) {
+    const dim3 grid(grid_dim(a.n * (a.n_heads / heads), "attention"), unsigned(parts));
+    auto go = [&](auto kernel, int D) {
+      const int smem = mma_attention_smem(D);
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+            "raising the attention kernel's shared memory limit");
+      launch("launching the attention kernel", kernel, grid, dim3(kBlock), size_t(smem), stream, a, parts, int32_t(heads));
+    };
+    if (a.head_dim == 64) go(attention_mma_kernel<64>, 64);
+    else go(attention_mma_kernel<128>, 128);
+    if (parts > 1)
+      launch("launching the attention merge kernel", attention_merge_kernel, merge_grid, dim3(kBlock), 0, stream, a, parts);
+    return;
+  }
   // Heads per block: the largest of 8, 4, 2, 1 that divides the GQA group, lowered while the grid
   // has fewer than ~2 blocks per SM (a small batch at a short context would leave the GPU idle);
   // SPILL_CUDA_ATTN_HEADS caps it, for comparisons: the bits are the same for every choice.
@@ -1272,7 +1536,6 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.kv_type == DType::F32) by_heads(float{});
   else if (a.kv_type == DType::BF16) by_heads(__nv_bfloat16{});
   else throw_error("KV cache type " + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
-  const dim3 merge_grid(grid_dim(a.n * a.n_heads, "attention"));
   if (parts > 1) {
     launch("launching the attention merge kernel", attention_merge_kernel, merge_grid, dim3(kBlock), 0, stream, a, parts);
   }

@@ -121,6 +121,11 @@ struct AttentionArgs {
   float* workspace = nullptr;  // attention_workspace_floats(...) floats
 };
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions);
+// Query heads per block of the tensor-core kernel paged_attention runs for these arguments (BF16
+// cache, head_dim 64 or 128, a GQA group of at most 16 or a multiple of 16), 0 when the f32 tile
+// kernel runs instead. The tensor-core kernel rounds q and the softmax weights to bf16 for its
+// products (see ops.cu); the tile kernel keeps them in f32.
+int attention_mma_heads(const AttentionArgs& a);
 // Kernels paged_attention launches for a batch whose longest context is max_positions (1 or 2).
 int attention_launches(int32_t max_positions);
 void paged_attention(const AttentionArgs& args, cudaStream_t stream);
