@@ -226,6 +226,14 @@ TEST(PlacementPlanner, UniformBatchEstimateCountsDistinctExperts) {
     const double distinct = 6 * 4 * (1 - std::pow(1 - p, double(B)));
     EXPECT_NEAR(d.expected_host_experts_per_step, distinct, 1e-9 * distinct);
     EXPECT_NEAR(d.host_bytes_per_token, distinct * double(o.plan.bytes.routed_expert_bytes) / double(B), 1e-6);
+    // Expected: every byte at its rate one after the other, plus the overhead of each of the 6
+    // layers; never faster than the bound.
+    const Ceilings& c = o.request.ceilings;
+    const double want = d.vram_bytes_per_step / (c.hbm_read_gbps * 1e9) + d.host_bytes_per_step / (c.host_read_gbps * 1e9) +
+                        6 * 1e-6 * (c.layer_overhead_us + c.layer_overhead_us_per_token * double(B));
+    EXPECT_NEAR(d.expected_step_seconds, want, 1e-12 * want);
+    EXPECT_GT(d.expected_step_seconds, d.step_seconds);
+    EXPECT_NEAR(d.expected_tokens_per_s_per_stream, 1.0 / want, 1e-9 / want);
   }
 }
 

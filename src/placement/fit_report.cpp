@@ -119,19 +119,24 @@ std::string format_fit_report(const PlanOutcome& o) {
                      max_h, p.embedding_on_host ? fmt::format(" (with the embedding, {})", format_bytes(mb.embedding)) : "");
   if (r.host_mem > 0) out += fmt::format("  host RAM allowed: {}\n", format_bytes(r.host_mem));
 
-  out += fmt::format("\ndecode upper bound (ceilings: HBM read {:.0f} GB/s, in-place host read {:.1f} GB/s; {} tokens of "
-                     "context per stream; compute and latency not counted):\n",
-                     r.ceilings.hbm_read_gbps, r.ceilings.host_read_gbps, r.report_context);
-  out += fmt::format("  {:>6}{:>18}{:>20}{:>18}{:>12}{:>16}{:>14}\n", "batch", "host MiB/token", "host experts/step",
-                     "VRAM GiB/step", "step ms", "tok/s/stream", "tok/s total");
+  out += fmt::format("\ndecode (ceilings: HBM read {:.0f} GB/s, in-place host read {:.1f} GB/s; {} tokens of context "
+                     "per stream). bound: per layer the larger of its VRAM and host reads, compute and latency not "
+                     "counted; expected: per layer both reads one after the other plus {:.1f} + {:.1f} x batch us "
+                     "of kernel latency (the CUDA runner measured on an H200):\n",
+                     r.ceilings.hbm_read_gbps, r.ceilings.host_read_gbps, r.report_context,
+                     r.ceilings.layer_overhead_us, r.ceilings.layer_overhead_us_per_token);
+  out += fmt::format("  {:>6}{:>18}{:>20}{:>18}{:>12}{:>16}{:>14}{:>14}{:>16}\n", "batch", "host MiB/token",
+                     "host experts/step", "VRAM GiB/step", "bound ms", "bound tok/s", "tok/s total", "expected ms",
+                     "expected tok/s");
   std::vector<int64_t> batches{1};
   if (r.report_batch > 1) batches.push_back(r.report_batch);
   for (int64_t B : batches) {
     const DecodeEstimate d = estimate_decode(p, r, B, r.report_context);
-    out += fmt::format("  {:>6}{:>18.2f}{:>20.1f}{:>18.3f}{:>12.3f}{:>16.1f}{:>14.1f}\n", B,
+    out += fmt::format("  {:>6}{:>18.2f}{:>20.1f}{:>18.3f}{:>12.3f}{:>16.1f}{:>14.1f}{:>14.3f}{:>16.1f}\n", B,
                        d.host_bytes_per_token / double(1 << 20), d.expected_host_experts_per_step,
                        d.vram_bytes_per_step / double(int64_t(1) << 30), 1e3 * d.step_seconds,
-                       d.tokens_per_s_per_stream, d.tokens_per_s_per_stream * double(B));
+                       d.tokens_per_s_per_stream, d.tokens_per_s_per_stream * double(B),
+                       1e3 * d.expected_step_seconds, d.expected_tokens_per_s_per_stream);
   }
   out += "  fits\n";
   return out;

@@ -403,7 +403,9 @@ DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& req, int64_t
   const double hbm = req.ceilings.hbm_read_gbps * 1e9, host = req.ceilings.host_read_gbps * 1e9;
   const int64_t kv_layer = kv_bytes_per_token_per_layer(s, req.kv_format);
   const ModelBytes& mb = plan.bytes;
-  double seconds = 0;
+  double seconds = 0, expected = 0;
+  const double overhead =
+      1e-6 * (req.ceilings.layer_overhead_us + req.ceilings.layer_overhead_us_per_token * double(batch));
   for (const LayerPlan& lp : plan.layers) {
     const LayerBytes& lb = mb.layers[size_t(lp.layer)];
     // A sliding layer reads its window, not the whole context.
@@ -428,18 +430,24 @@ DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& req, int64_t
     d.host_bytes_per_step += host_b;
     // Within a layer the GPU can read its VRAM and host experts at once; layers run in order.
     seconds += std::max(vram / hbm, host_b / host);
+    expected += vram / hbm + host_b / host + overhead;
   }
   // Head every step; one embedding row per token.
   d.vram_bytes_per_step += double(mb.lm_head);
   seconds += double(mb.lm_head) / hbm;
+  expected += double(mb.lm_head) / hbm;
   const double rows = double(batch) * double(mb.embedding_row);
   if (plan.embedding_on_host) {
     d.host_bytes_per_step += rows;
     seconds += rows / host;
+    expected += rows / host;
   } else {
     d.vram_bytes_per_step += rows;
     seconds += rows / hbm;
+    expected += rows / hbm;
   }
+  d.expected_step_seconds = expected;
+  d.expected_tokens_per_s_per_stream = expected > 0 ? 1.0 / expected : 0;
   d.host_bytes_per_token = d.host_bytes_per_step / double(batch);
   d.step_seconds = seconds;
   d.tokens_per_s_per_stream = seconds > 0 ? 1.0 / seconds : 0;

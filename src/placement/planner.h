@@ -26,6 +26,13 @@ namespace spill::placement {
 struct Ceilings {
   double hbm_read_gbps = 4530.0;
   double host_read_gbps = 50.0;
+  // What a decoder layer of spill's CUDA runner costs beyond its bytes at batch B: a chain of ~11
+  // kernels, each a few dependent round trips, that the bytes cannot hide at small batch. Measured
+  // on the H200 with the S30 shape (docs/perf/attention-gemv-2026-12-02.md, 55f5228): the all-VRAM
+  // step minus its bytes at the HBM rate is 49.2 / 84.7 / 128.3 us per layer at batch 1 / 4 / 8,
+  // which 37.6 + 11.3 B fits within 3%.
+  double layer_overhead_us = 37.6;
+  double layer_overhead_us_per_token = 11.3;
 };
 
 enum class EmbeddingHome { Auto, Gpu, Host };  // Auto: host RAM when anything must be offloaded
@@ -128,6 +135,11 @@ struct DecodeEstimate {
   double expected_host_experts_per_step = 0;  // distinct host experts a step touches
   double step_seconds = 0;                    // lower bound: per layer max(VRAM/HBM, host/PCIe), summed
   double tokens_per_s_per_stream = 0;         // 1 / step_seconds: the upper bound per stream
+  // What the CUDA runner is expected to take: per layer VRAM/HBM + host/PCIe + the layer overhead
+  // (the host reads of a layer start only once its router has run, after the layer's attention, so
+  // they add to the layer's chain rather than hide under it).
+  double expected_step_seconds = 0;
+  double expected_tokens_per_s_per_stream = 0;
 };
 DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& request, int64_t batch, int64_t context);
 
