@@ -351,6 +351,49 @@ TEST(OffloadModel, QuantizedOnLoadExpertsAreCopied) {
   EXPECT_EQ(lay.copy_reasons.not_file, out.plan.host_experts());
 }
 
+// serve/generate/run-batch --gpu-mem [--host-experts S] [--host-mem M]: the planner at start-up.
+TEST(OffloadModel, StartupPlanFitsTheBudgetOrRefusesWithTheFitReport) {
+  const TinyGguf tiny;
+  const auto model = Model::load(tiny.gguf.path);
+  const offload::ExpertSources src = offload::expert_sources(*model);
+  const int64_t eb = src.moe_layers[0].expert_bytes();
+
+  // Room for everything: no expert on host unless a share is asked; the KV pool gets the rest.
+  const offload::StartupPlan all = offload::plan_at_startup(*model, {.gpu_mem = "1G"}, 16, 256, 64, 0);
+  EXPECT_EQ(all.plan.host_expert_bytes(), 0);
+  EXPECT_NE(all.fit_report.find("fits"), std::string::npos) << all.fit_report;
+  EXPECT_GT(all.kv_budget_bytes, int64_t(900) << 20);  // 1 GiB less a tiny model's weights and workspace
+  EXPECT_LT(all.kv_budget_bytes, int64_t(1) << 30);
+
+  const offload::StartupPlan half = offload::plan_at_startup(*model, {.gpu_mem = "1G", .host_experts = "50%"}, 16, 256, 64, 0);
+  EXPECT_EQ(half.plan.host_experts, 8);  // half of 2 MoE layers x 8 experts
+  EXPECT_EQ(half.plan.host_expert_bytes(), 8 * eb);
+  offload::check_plan(half.plan, src);
+
+  // A budget below the model's non-expert weights: refused before anything loads, with the report.
+  try {
+    offload::plan_at_startup(*model, {.gpu_mem = "64K"}, 16, 256, 64, 0);
+    FAIL() << "a 64 KiB GPU budget was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("does not fit --gpu-mem 64K"), std::string::npos) << what;
+    EXPECT_NE(what.find("gpu0"), std::string::npos) << what;
+  }
+  // Flags that make no sense are errors naming the flag.
+  auto error_of = [&](const offload::StartupPlacement& flags) {
+    try {
+      offload::plan_at_startup(*model, flags, 16, 256, 64, 0);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of({.host_experts = "30%"}).find("give --gpu-mem too"), std::string::npos);
+  EXPECT_NE(error_of({.gpu_mem = "lots"}).find("--gpu-mem"), std::string::npos);
+  EXPECT_NE(error_of({.gpu_mem = "1e300G"}).find("too large"), std::string::npos);
+  EXPECT_NE(error_of({.gpu_mem = "1G", .host_experts = "130%"}).find("--host-experts"), std::string::npos);
+}
+
 TEST(OffloadModel, RefusesAPlanOfAnotherModelNamingTheField) {
   const TinyGguf tiny;
   const auto model = Model::load(tiny.gguf.path);

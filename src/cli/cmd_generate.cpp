@@ -32,6 +32,7 @@ struct GenerateArgs {
   int threads = 0;
   DeviceChoice device{};
   std::string plan;  // --plan
+  offload::StartupPlacement placement;  // --gpu-mem, --host-experts, --host-mem
   bool ignore_eos = false;
   bool quiet = false;
   SamplingParams sampling;  // the model's defaults with the flags given on top
@@ -94,7 +95,8 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
                                      .limits = {.max_seqs = 1,
                                                 .max_batch_tokens = int64_t(prompt.size()),
                                                 .max_model_len = total},
-                                     .expert_plan = a.plan});
+                                     .expert_plan = a.plan,
+                                     .placement = a.placement});
   const HandBuiltTables tables = hand_built_tables(spec, n_blocks);  // one table per KV group
   const std::vector<int32_t>& table = tables.tables[0];
 
@@ -185,6 +187,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
   add_plan_option(cmd, a->plan);
+  add_placement_options(cmd, a->placement);
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--quiet,-q", a->quiet, "no timing line on stderr");
   cmd->callback([a, flags] { run_generate(*a, *flags); });

@@ -24,45 +24,6 @@ namespace {
 
 using namespace spill::placement;
 
-// "95.6G", "80GiB", "512M", "1073741824": binary units (G = 2^30), as GPU memory is quoted.
-int64_t parse_size(const std::string& text, const char* flag) {
-  size_t end = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &end);
-  } catch (const std::exception&) {
-    fail("{}: \"{}\" is not a size; write bytes or a number with K, M, G or T (binary: 95.6G = 95.6 GiB)", flag, text);
-  }
-  std::string unit = text.substr(end);
-  for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.ends_with("IB")) unit.erase(unit.size() - 2);
-  else if (unit.size() > 1 && unit.ends_with("B")) unit.pop_back();
-  double scale = 1;
-  if (unit == "K") scale = 1024.0;
-  else if (unit == "M") scale = 1024.0 * 1024;
-  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") fail("{}: unknown unit in \"{}\"; use K, M, G or T", flag, text);
-  if (!(value >= 0)) fail("{}: must not be negative, got \"{}\"", flag, text);
-  return int64_t(value * scale + 0.5);
-}
-
-// "30%" or "0.3": a share in [0, 1].
-double parse_share(const std::string& text, const char* flag) {
-  size_t end = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &end);
-  } catch (const std::exception&) {
-    fail("{}: \"{}\" is not a share; write 30% or 0.3", flag, text);
-  }
-  const std::string rest = text.substr(end);
-  if (rest == "%") value /= 100.0;
-  else if (!rest.empty()) fail("{}: \"{}\" is not a share; write 30% or 0.3", flag, text);
-  if (value < 0 || value > 1) fail("{}: {} is not between 0% and 100%", flag, text);
-  return value;
-}
-
 struct PlanArgs {
   std::string model, synthetic, quant, kv_format = "bf16", gpu_mem, gpu_reserve, host_mem, kv_mem, profile, out;
   std::string host_experts, embedding = "auto", topo;
@@ -119,13 +80,13 @@ void run_plan(const PlanArgs& a) {
   for (size_t start = 0; start <= a.gpu_mem.size();) {
     const size_t comma = a.gpu_mem.find(',', start);
     const std::string item = a.gpu_mem.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    req.gpu_mem.push_back(parse_size(item, "--gpu-mem"));
+    req.gpu_mem.push_back(parse_byte_size(item, "--gpu-mem"));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (!a.gpu_reserve.empty()) req.gpu_reserve = parse_size(a.gpu_reserve, "--gpu-reserve");
-  if (!a.host_mem.empty()) req.host_mem = parse_size(a.host_mem, "--host-mem");
-  if (!a.kv_mem.empty()) req.kv_mem = parse_size(a.kv_mem, "--kv-mem");
+  if (!a.gpu_reserve.empty()) req.gpu_reserve = parse_byte_size(a.gpu_reserve, "--gpu-reserve");
+  if (!a.host_mem.empty()) req.host_mem = parse_byte_size(a.host_mem, "--host-mem");
+  if (!a.kv_mem.empty()) req.kv_mem = parse_byte_size(a.kv_mem, "--kv-mem");
   req.max_model_len = a.max_model_len;
   req.max_seqs = a.max_seqs;
   req.max_batch_tokens = a.max_batch_tokens;

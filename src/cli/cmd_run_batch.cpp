@@ -36,6 +36,7 @@ struct RunBatchArgs {
   int threads = 0;
   DeviceChoice device{};
   std::string plan;  // --plan
+  offload::StartupPlacement placement;  // --gpu-mem, --host-experts, --host-mem
   int64_t max_tokens = 128;
   std::optional<float> temperature;  // --temperature; none: the model's generation_config.json
   SamplingParams defaults;           // the model's sampling defaults, with --temperature on top
@@ -175,6 +176,7 @@ void run_batch(RunBatchArgs a) {
   options.runner.threads = a.threads;
   options.runner.kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem};
   options.runner.expert_plan = a.plan;
+  options.runner.placement = a.placement;
   options.quant = a.quant;
   options.imatrix = a.imatrix;
 
@@ -314,6 +316,7 @@ void add_run_batch_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
   add_plan_option(cmd, a->plan);
+  add_placement_options(cmd, a->placement);
   cmd->callback([a] { run_batch(*a); });
 }
 

@@ -35,6 +35,7 @@ void add_serve_command(CLI::App& app) {
                   "runner and a usable GPU is present, else cpu)")
       ->capture_default_str();
   add_plan_option(cmd, o.expert_plan);
+  add_placement_options(cmd, o.placement);
   cmd->add_option("--max-body-bytes", o.max_body_bytes, "largest request body accepted; larger ones get 413")
       ->capture_default_str();
   cmd->add_option("--ping-interval", o.ping_interval_s,

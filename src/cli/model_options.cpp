@@ -45,6 +45,15 @@ CLI::Option* add_plan_option(CLI::App* cmd, std::string& path) {
       ->check(CLI::ExistingFile);
 }
 
+void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) {
+  cmd->add_option("--gpu-mem", placement.gpu_mem,
+                  "plan at start-up (instead of --plan): what spill may use of the GPU, e.g. 64G; routed experts that do "
+                  "not fit live in host RAM, read in place over PCIe; the fit report is printed first");
+  cmd->add_option("--host-experts", placement.host_experts,
+                  "with --gpu-mem: at least this share of the routed experts in host RAM, e.g. 30%");
+  cmd->add_option("--host-mem", placement.host_mem, "with --gpu-mem: pinned host RAM the plan may use (default: not limited)");
+}
+
 CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device) {
   return cmd
       ->add_option_function<std::string>(

@@ -42,6 +42,8 @@ CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device);
 
 // --plan FILE into path (which must outlive cmd): the placement plan a GPU runner executes.
 CLI::Option* add_plan_option(CLI::App* cmd, std::string& path);
+// --gpu-mem, --host-experts, --host-mem: the planner's flags at start-up (offload::plan_at_startup).
+void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement);
 // "1,2,3" -> ids; a clear error naming `flag` for anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag);
 

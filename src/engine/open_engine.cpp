@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/quantize_on_load.h"
+#include "offload/model_experts.h"
 #include "offload/plan_file.h"
 
 namespace spill {
@@ -35,7 +36,18 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
                           .max_batch_tokens = limits.max_batch_tokens,
                           .max_seqs = limits.max_seqs,
                           .max_model_len = limits.max_model_len};
+  if (!options.expert_plan.empty() && options.placement.requested())
+    fail("--plan {} and --gpu-mem / --host-experts / --host-mem both say where the experts go: give one", options.expert_plan);
   if (!options.expert_plan.empty()) config.expert_plan = offload::load_plan(options.expert_plan);
+  if (options.placement.requested()) {
+    offload::StartupPlan planned =
+        offload::plan_at_startup(model, options.placement, limits.max_seqs, limits.max_model_len, limits.max_batch_tokens,
+                                 options.kv.bytes);
+    fmt::print(stderr, "[spill] placement at start-up:\n{}", planned.fit_report);
+    config.expert_plan = std::move(planned.plan);
+    // The KV pool takes what --gpu-mem leaves (unless --kv-mem or a block count says otherwise).
+    if (options.kv.bytes == 0 && options.kv.blocks == 0) config.kv_budget_bytes = planned.kv_budget_bytes;
+  }
   return make_cuda_runner(model, config);
 }
 // ===============================================================================================
@@ -93,6 +105,9 @@ DeviceChoice resolve_device(const DeviceChoice& choice) {
 std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options) {
   const DeviceChoice device = resolve_device(options.device);
   if (device.device == Device::Cuda) return open_cuda_runner(model, options, device.cuda_index);
+  if (options.placement.requested())
+    fail("--gpu-mem / --host-experts / --host-mem plan which experts a GPU reads from host RAM; on --device cpu every "
+         "weight is in host RAM already (drop them, or run on cuda)");
   if (!options.expert_plan.empty())
     fail("--plan {}: a placement plan says which experts a GPU reads from host RAM; on --device cpu every weight is "
          "in host RAM already (drop --plan, or run on cuda)",

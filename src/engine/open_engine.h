@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
 #include "model/runner.h"
+#include "offload/model_experts.h"
 
 namespace spill {
 
@@ -41,6 +42,9 @@ struct RunnerOptions {
   // --plan: a placement plan (`spill plan --out`) saying which routed experts live in host RAM
   // (read by the GPU in place over PCIe) and which in VRAM; "": every weight on the GPU. CUDA only.
   std::string expert_plan{};
+  // --gpu-mem / --host-experts / --host-mem: plan the routed experts at start-up instead (the fit
+  // report is logged first; a model that does not fit is refused before its weights are uploaded).
+  offload::StartupPlacement placement{};
 };
 // A runner for model on the device options ask for (resolve_device). The model must outlive it.
 std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options);

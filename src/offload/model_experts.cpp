@@ -5,6 +5,9 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "placement/fit_report.h"
+#include "placement/measured_bytes.h"
+#include "placement/memory.h"
 #include "placement/planner.h"
 
 namespace spill::offload {
@@ -62,6 +65,39 @@ PlacementPlan uniform_plan_for(const Model& model, double host_share, uint64_t s
 PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome) {
   if (!outcome.fits) fail("the placement plan does not fit: {}", outcome.refusal);
   return parse_plan(placement::plan_to_json(outcome), "the start-up plan");
+}
+
+StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, int64_t max_seqs, int64_t max_model_len,
+                            int64_t max_batch_tokens, int64_t kv_mem) {
+  using namespace placement;
+  if (flags.gpu_mem.empty())
+    fail("--host-experts and --host-mem plan the experts within a GPU budget: give --gpu-mem too (what spill may use "
+         "of the GPU, e.g. --gpu-mem 64G)");
+  PlanRequest req;
+  req.shape = shape_of(model);
+  req.measured = measure_weights(model);
+  req.types = dominant_types(model);
+  req.kv_format = KvFormat::BF16;  // the CUDA runner's KV cache
+  req.gpu_mem = {parse_byte_size(flags.gpu_mem, "--gpu-mem")};
+  if (!flags.host_mem.empty()) req.host_mem = parse_byte_size(flags.host_mem, "--host-mem");
+  if (!flags.host_experts.empty()) req.min_host_fraction = parse_share(flags.host_experts, "--host-experts");
+  if (kv_mem > 0) {
+    req.kv_mem = kv_mem;
+  } else {
+    const int64_t model_len = max_model_len > 0 ? max_model_len : model.spec().max_position_embeddings;
+    req.max_model_len = std::clamp<int64_t>(model_len, 1, 32768);
+    req.max_seqs = std::clamp<int64_t>(max_seqs, 1, 4);
+  }
+  req.max_batch_tokens = max_batch_tokens;
+  req.embedding = EmbeddingHome::Gpu;
+  const PlanOutcome outcome = make_plan(std::move(req));
+  StartupPlan out;
+  out.fit_report = format_fit_report(outcome);
+  if (!outcome.fits) fail("the model does not fit --gpu-mem {}:\n{}", flags.gpu_mem, out.fit_report);
+  out.plan = plan_from_outcome(outcome);
+  const GpuPlan& gpu = outcome.plan.gpus.at(0);
+  out.kv_budget_bytes = gpu.kv + std::max<int64_t>(0, gpu.room());
+  return out;
 }
 
 #if SPILL_HAVE_CUDA

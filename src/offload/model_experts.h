@@ -4,6 +4,9 @@
 #include "offload/expert_layout.h"
 #include "offload/plan_file.h"
 
+#include <cstdint>
+#include <string>
+
 #if SPILL_HAVE_CUDA
 #include <memory>
 
@@ -29,6 +32,25 @@ ExpertSources expert_sources(const Model& model);
 // planned in process and one loaded from `--plan FILE` pass the same checks. Throws spill::Error
 // when the outcome is a refusal.
 PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome);
+
+// The planner's flags of serve, generate and run-batch (instead of --plan FILE): plan at start-up.
+struct StartupPlacement {
+  std::string gpu_mem{};     // --gpu-mem: what spill may use of the GPU (weights, KV, workspace)
+  std::string host_experts{};  // --host-experts: at least this share of the routed experts in host RAM
+  std::string host_mem{};    // --host-mem: pinned host RAM the plan may use
+  bool requested() const { return !gpu_mem.empty() || !host_experts.empty() || !host_mem.empty(); }
+};
+struct StartupPlan {
+  PlacementPlan plan;
+  int64_t kv_budget_bytes = 0;  // what --gpu-mem leaves for the KV pool: the plan's KV and its room
+  std::string fit_report;       // placement::format_fit_report of the outcome
+};
+// Plans `model`'s routed experts for one GPU as `spill plan` would, priced at the tensors as the
+// model holds them (after any --quant): KV for min(max_seqs, 4) sequences of the model length
+// (at most 32768) unless kv_mem > 0, the embedding in VRAM (the CUDA runner keeps it there).
+// Throws spill::Error carrying the fit report when the model does not fit, before any upload.
+StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, int64_t max_seqs, int64_t max_model_len,
+                            int64_t max_batch_tokens, int64_t kv_mem);
 
 // offload::uniform_plan for this model: host_share of every MoE layer's experts in host RAM, each
 // layer priced at its own experts' bytes (a GGUF mix may give layers different down types). For

@@ -210,4 +210,45 @@ std::string format_bytes(int64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+// "95.6G", "80GiB", "512M", "1073741824": binary units (G = 2^30), as GPU memory is quoted.
+int64_t parse_byte_size(const std::string& text, const char* flag) {
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    fail("{}: \"{}\" is not a size; write bytes or a number with K, M, G or T (binary: 95.6G = 95.6 GiB)", flag, text);
+  }
+  std::string unit = text.substr(end);
+  for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.ends_with("IB")) unit.erase(unit.size() - 2);
+  else if (unit.size() > 1 && unit.ends_with("B")) unit.pop_back();
+  double scale = 1;
+  if (unit == "K") scale = 1024.0;
+  else if (unit == "M") scale = 1024.0 * 1024;
+  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") fail("{}: unknown unit in \"{}\"; use K, M, G or T", flag, text);
+  if (!(value >= 0)) fail("{}: must not be negative, got \"{}\"", flag, text);
+  if (!(value * scale < 0x1p62)) fail("{}: \"{}\" is too large", flag, text);
+  return int64_t(value * scale + 0.5);
+}
+
+// "30%" or "0.3": a share in [0, 1].
+double parse_share(const std::string& text, const char* flag) {
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    fail("{}: \"{}\" is not a share; write 30% or 0.3", flag, text);
+  }
+  const std::string rest = text.substr(end);
+  if (rest == "%") value /= 100.0;
+  else if (!rest.empty()) fail("{}: \"{}\" is not a share; write 30% or 0.3", flag, text);
+  if (value < 0 || value > 1) fail("{}: {} is not between 0% and 100%", flag, text);
+  return value;
+}
+
+
 }  // namespace spill::placement

@@ -90,6 +90,12 @@ struct WorkspaceParams {
 // and choices, the experts' gate/up for every routed token, final rows and logits).
 int64_t workspace_bytes(const ModelShape& shape, const WorkspaceParams& params);
 
+// "95.6G", "80GiB", "512M", "1073741824": binary units (G = 2^30), as GPU memory is quoted. Throws
+// spill::Error naming `flag` for anything else (no unit it knows, negative, not finite, past 2^62).
+int64_t parse_byte_size(const std::string& text, const char* flag);
+// "30%" or "0.3": a share in [0, 1]; spill::Error naming `flag` otherwise.
+double parse_share(const std::string& text, const char* flag);
+
 // "1.23 GiB", "512.0 MiB", "17 B": for reports.
 std::string format_bytes(int64_t bytes);
 // bytes / 2^30

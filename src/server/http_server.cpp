@@ -285,6 +285,7 @@ void HttpServer::load_model() {
     engine_options.runner.threads = options_.threads;
     engine_options.runner.kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes};
     engine_options.runner.expert_plan = options_.expert_plan;
+    engine_options.runner.placement = options_.placement;
     engine_options.quant = options_.quant;
     engine_options.imatrix = options_.imatrix;
     engine_options.require_tokenizer = true;

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "offload/model_experts.h"
+
 namespace spill::server {
 
 struct ServerOptions {
@@ -28,6 +30,7 @@ struct ServerOptions {
   int threads = 0;                  // CPU backend threads; 0: all
   std::string device = "auto";      // --device: cpu, cuda, cuda:N or auto (engine/open_engine.h)
   std::string expert_plan;          // --plan: which routed experts live in host RAM (spill plan --out); "": none
+  offload::StartupPlacement placement;  // --gpu-mem, --host-experts, --host-mem: plan at start-up instead
   size_t max_body_bytes = size_t(32) << 20;
   int http_threads = 0;             // 0: enough for max_seqs streams plus slack
   double ping_interval_s = 2.0;     // keep-alive events while nothing else is sent
