@@ -523,6 +523,48 @@ TEST(CudaOps, AttentionIsBatchInvariant) {
   ASSERT_EQ(0, std::memcmp(one_head.data(), batched.data(), batched.size() * 4));
 }
 
+TEST(CudaOps, TensorCoreAttentionIsBatchInvariant) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // The BF16 cache's kernel (GQA 8 over 2 KV heads, head_dim 128): a decode token at position 700
+  // alone, then as row 5 of 9 at other positions, and inside a grid sized for longer contexts.
+  const int64_t nh = 16, nkv = 2, D = 128, Q = nh * D, KV = nkv * D;
+  const int32_t bs = 16, n_blocks = 128;
+  const auto kf = randn(size_t(n_blocks * bs * KV), 31), vf = randn(size_t(n_blocks * bs * KV), 32);
+  std::vector<uint16_t> kb(kf.size()), vb(vf.size());
+  for (size_t i = 0; i < kf.size(); ++i) kb[i] = f32_to_bf16(kf[i]), vb[i] = f32_to_bf16(vf[i]);
+  DeviceBuffer kd = to_device(kb), vd = to_device(vb);
+  std::vector<int32_t> table(n_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::reverse(table.begin(), table.end());
+  DeviceBuffer td = to_device(table);
+  auto run = [&](const std::vector<int32_t>& positions, const std::vector<float>& q, int32_t min_grid_parts) {
+    const int64_t n = int64_t(positions.size());
+    std::vector<int32_t> offs(size_t(n), 0);
+    DeviceBuffer qd = to_device(q), pd = to_device(positions), od = to_device(offs), out(size_t(n * Q) * 4);
+    const int32_t mp = *std::max_element(positions.begin(), positions.end()) + 1;
+    const int32_t parts = std::max(cuda::attention_grid_partitions(mp), min_grid_parts);
+    DeviceBuffer ws(size_t(std::max<int64_t>(n * nh * parts * (D + 2), 1)) * 4);
+    const cuda::AttentionArgs args{.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr,
+                                   .kv_type = DType::BF16, .positions = pd.as<int32_t>(),
+                                   .table_offset = od.as<int32_t>(), .block_tables = td.as<int32_t>(),
+                                   .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh,
+                                   .n_kv_heads = nkv, .head_dim = D, .max_positions = mp,
+                                   .min_grid_parts = min_grid_parts, .workspace = ws.as<float>()};
+    EXPECT_EQ(cuda::attention_mma_heads(args), 8);
+    cuda::paged_attention(args, s0);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return test::download<float>(out.ptr, size_t(n * Q));
+  };
+  const auto q_all = randn(size_t(9 * Q), 33);
+  const std::vector<int32_t> pos_all = {3, 100, 127, 128, 2000, 700, 5, 1900, 64};
+  const auto batched = run(pos_all, q_all, 0);
+  const std::vector<float> q5(q_all.begin() + 5 * Q, q_all.begin() + 6 * Q);
+  const auto alone = run({700}, q5, 0);
+  ASSERT_EQ(0, std::memcmp(alone.data(), batched.data() + 5 * Q, size_t(Q) * 4));
+  const auto wide_grid = run({700}, q5, 32);  // a graph's grid, sized for longer contexts
+  ASSERT_EQ(0, std::memcmp(wide_grid.data(), alone.data(), size_t(Q) * 4));
+}
+
 // ---- router ----------------------------------------------------------------------------------
 
 TEST(CudaOps, RouterTopKMatchesTheTwin) {
