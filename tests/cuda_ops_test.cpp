@@ -32,26 +32,9 @@
 namespace spill {
 namespace {
 
-// A device buffer that frees itself and can be returned from a function.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (cudaMalloc(&ptr, n ? n : 16) != cudaSuccess) ptr = nullptr;
-  }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(ptr); }
-  template <class T>
-  T* as() const { return static_cast<T*>(ptr); }
-  void upload(const void* src, size_t n) { EXPECT_EQ(cudaMemcpy(ptr, src, n, cudaMemcpyHostToDevice), cudaSuccess); }
-  // NaN everywhere, so an element the kernel never wrote fails the comparison.
-  void poison() { EXPECT_EQ(cudaMemset(ptr, 0xFF, bytes), cudaSuccess); }
-};
-
-constexpr double kU = 1.0 / 16777216.0;  // 2^-24
-double gamma(int64_t m) { return double(m) * kU / (1.0 - double(m) * kU); }
+using test::DeviceBuffer;
+using test::f32_gamma;
+using test::kF32Unit;
 
 std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);
@@ -406,14 +389,14 @@ void run_attention_case(const AttnCase& c, uint64_t seed) {
             }
             max_qk = std::max(max_qk, s / std::sqrt(double(D)));
           }
-          double ds = 2 * gamma(D + 2) * max_qk;
-          double rel = 4 * ds + 2 * gamma(2 * n_pos + 16) + 16 * kU;
+          double ds = 2 * f32_gamma(D + 2) * max_qk;
+          double rel = 4 * ds + 2 * f32_gamma(2 * n_pos + 16) + 16 * kF32Unit;
           if (tensor_cores) {
             // q rounded to bf16 (each element within 2^-9 relative) moves a score by at most
             // 2^-9 sum |q k| / sqrt(D); the tensor cores' f32 sums are taken as one ulp per add
             // (2u, not u); the softmax weights rounded to bf16 move the output by 2^-9 max |v|.
-            ds = (std::ldexp(1.0, -9) + 2 * gamma(2 * (D + 2))) * max_qk;
-            rel = 4 * ds + std::ldexp(1.0, -9) + 2 * gamma(2 * (2 * n_pos + 16)) + 16 * kU;
+            ds = (std::ldexp(1.0, -9) + 2 * f32_gamma(2 * (D + 2))) * max_qk;
+            rel = 4 * ds + std::ldexp(1.0, -9) + 2 * f32_gamma(2 * (2 * n_pos + 16)) + 16 * kF32Unit;
           }
           for (int64_t d = 0; d < D; ++d) {
             const size_t i = size_t((t * nh + h) * D + d);
@@ -586,7 +569,7 @@ TEST(CudaOps, RouterTopKMatchesTheTwin) {
     const auto got_w = test::download<float>(ws.ptr, want_w.size());
     // Probabilities: exp (3 ulp apart), the sum (gamma_E each side), the division: relative
     // 2 gamma_E + 8u; renormalised: twice that plus the top-k sum's 2 gamma_k.
-    const double rel = 2 * (2 * gamma(c.E) + 8 * kU) + 2 * gamma(c.k);
+    const double rel = 2 * (2 * f32_gamma(c.E) + 8 * kF32Unit) + 2 * f32_gamma(c.k);
     for (size_t i = 0; i < want_ids.size(); ++i) {
       ASSERT_EQ(got_ids[i], want_ids[i]) << "n " << c.n << " E " << c.E << " entry " << i;
       ASSERT_NEAR(got_w[i], want_w[i], rel * want_w[i]);
@@ -619,7 +602,7 @@ TEST(CudaOps, FloatMatmulMatchesTheTwinAndIsBatchInvariant) {
         for (int64_t m = 0; m < rows; ++m) {
           double mag = 0;
           for (int64_t k = 0; k < cols; ++k) mag += std::fabs(double(x[size_t(i * cols + k)]) * wf[size_t(m * cols + k)]);
-          const double tol = 2 * gamma(cols + 1) * mag + 2 * kU * std::fabs(bias[size_t(m)]);
+          const double tol = 2 * f32_gamma(cols + 1) * mag + 2 * kF32Unit * std::fabs(bias[size_t(m)]);
           ASSERT_NEAR(got[size_t(i * rows + m)], want[size_t(i * rows + m)], tol) << dtype_name(t) << " n " << n;
         }
       // Row n-1 alone gives the same bits.
@@ -648,7 +631,7 @@ TEST(CudaOps, SiluMulMatchesTheTwin) {
       const float want = g / (1.0f + std::exp(-g)) * u;  // cpu::swiglu_mlp's expression
       // exp 3 ulp (6u relative) apart and the add's rounding on each side: 1 + e within 8u
       // relative; then the division and the product, one rounding each side: 12u.
-      ASSERT_NEAR(got[size_t(t * width + i)], want, 12 * kU * std::fabs(want) + 1e-38);
+      ASSERT_NEAR(got[size_t(t * width + i)], want, 12 * kF32Unit * std::fabs(want) + 1e-38);
     }
 }
 
@@ -750,25 +733,25 @@ TEST(CudaOps, FloatExpertsMatchTheTwin) {
                 ua += std::fabs(xv * uf[size_t(r * H + c)]);
               }
               const double sg = gv / (1 + std::exp(-gv));
-              const double dg = 2 * gamma(H) * ga, du = 2 * gamma(H) * ua;
+              const double dg = 2 * f32_gamma(H) * ga, du = 2 * f32_gamma(H) * ua;
               h_abs[size_t(r)] = std::fabs(sg * uv);
-              dh[size_t(r)] = 1.1 * dg * (std::fabs(uv) + du) + (std::fabs(sg) + 1.1 * dg) * du + 14 * kU * h_abs[size_t(r)];
+              dh[size_t(r)] = 1.1 * dg * (std::fabs(uv) + du) + (std::fabs(sg) + 1.1 * dg) * du + 14 * kF32Unit * h_abs[size_t(r)];
             }
             for (int64_t c = 0; c < H; ++c) {
               double a = 0, y = 0;
               for (int64_t r = 0; r < I; ++r) {
-                a += std::fabs(df[size_t(c * I + r)]) * (dh[size_t(r)] + 2 * gamma(I) * (h_abs[size_t(r)] + dh[size_t(r)]));
+                a += std::fabs(df[size_t(c * I + r)]) * (dh[size_t(r)] + 2 * f32_gamma(I) * (h_abs[size_t(r)] + dh[size_t(r)]));
                 y += std::fabs(df[size_t(c * I + r)]) * h_abs[size_t(r)];
               }
               // The weight's product: one rounding each side.
-              mag[size_t(c)] += w[size_t(i * k + j)] * (a + 2 * kU * y);
+              mag[size_t(c)] += w[size_t(i * k + j)] * (a + 2 * kF32Unit * y);
               sum_abs[size_t(c)] += w[size_t(i * k + j)] * (y + a);
             }
           }
           for (int64_t c = 0; c < H; ++c) {
             const float ref = want[size_t(i * H + c)];
             // The slot sums (k terms, different orders): 2 gamma_k sum_j w_j |y_j|.
-            ASSERT_NEAR(got[size_t(i * H + c)], ref, mag[size_t(c)] + 2 * gamma(k) * sum_abs[size_t(c)] + 1e-30)
+            ASSERT_NEAR(got[size_t(i * H + c)], ref, mag[size_t(c)] + 2 * f32_gamma(k) * sum_abs[size_t(c)] + 1e-30)
                 << dtype_name(t) << " n " << n << " k " << k;
           }
         }

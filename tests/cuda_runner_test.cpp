@@ -46,8 +46,8 @@ using testing::RandomModelParams;
 using testing::TempDir;
 using testing::write_random_model;
 
-constexpr double kU = 1.0 / 16777216.0;
-double gamma(int64_t m) { return double(m) * kU / (1.0 - double(m) * kU); }
+using test::f32_gamma;
+using test::kF32Unit;
 
 // The bound on a score, S above, from the model's q/k norm weights (per-head norms only).
 double score_bound(const Model& m) {
@@ -70,13 +70,14 @@ double score_bound(const Model& m) {
 double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv, double score = 0) {
   const int64_t H = s.hidden_size, D = s.head_dim;
   const int64_t I = std::max(s.intermediate_size, s.moe_intermediate_size);
-  double per_layer = 2 * (gamma(H) + gamma(D) + gamma(max_positions + 32) + gamma(s.q_dim()) + gamma(H) + gamma(H) +
-                          gamma(I) + gamma(std::max<int64_t>(s.n_experts_per_token, 1)));
+  double per_layer = 2 * (f32_gamma(H) + f32_gamma(D) + f32_gamma(max_positions + 32) + f32_gamma(s.q_dim()) +
+                          f32_gamma(H) + f32_gamma(H) + f32_gamma(I) +
+                          f32_gamma(std::max<int64_t>(s.n_experts_per_token, 1)));
   if (kv == DType::BF16) {
     if (score <= 0) fail("chain_eps: a BF16 cache needs the score bound");
     per_layer += std::ldexp(1.0, -8) * (1 + 2 * score);
   }
-  return double(s.n_layers) * per_layer + 2 * gamma(H);
+  return double(s.n_layers) * per_layer + 2 * f32_gamma(H);
 }
 
 // One sequence's part of a step, with its own block table.

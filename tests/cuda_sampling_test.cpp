@@ -115,7 +115,7 @@ int compare_rows(std::vector<RowCase>& rows, int64_t vocab, int steps) {
       SequenceSampler reference = rows[r].sampler;
       const SampledToken want = reference.sample(rows[r].logits, ws);
       const SamplingParams& p = reference.params();
-      SCOPED_TRACE(testing::Message() << "vocab " << vocab << " row " << r << " step " << step << " T " << p.temperature
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " row " << r << " step " << step << " T " << p.temperature
                                       << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p
                                       << " rep " << p.repetition_penalty << " seed " << reference.seed()
                                       << " index " << rows[r].sampler.n_sampled());

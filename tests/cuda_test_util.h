@@ -30,22 +30,28 @@ inline std::string no_gpu_reason() {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
 
-// A device buffer that frees itself.
+// A device buffer that frees itself and can be returned from a function.
 struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
   explicit DeviceBuffer(size_t n) : bytes(n) {
     if (cudaMalloc(&ptr, n ? n : 16) != cudaSuccess) ptr = nullptr;
   }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; }
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   template <class T>
   T* as() const { return static_cast<T*>(ptr); }
-  void upload(const void* src, size_t n) { cudaMemcpy(ptr, src, n, cudaMemcpyHostToDevice); }
+  void upload(const void* src, size_t n) { EXPECT_EQ(cudaMemcpy(ptr, src, n, cudaMemcpyHostToDevice), cudaSuccess); }
   // NaN everywhere, so an element the kernel never wrote fails the comparison.
-  void poison() { cudaMemset(ptr, 0xFF, bytes); }
+  void poison() { EXPECT_EQ(cudaMemset(ptr, 0xFF, bytes), cudaSuccess); }
 };
+
+// f32's unit roundoff u = 2^-24 and Higham's gamma_m = m u / (1 - m u), the bound on the relative
+// error of a result m f32 roundings deep.
+inline constexpr double kF32Unit = 1.0 / 16777216.0;
+inline double f32_gamma(int64_t m) { return double(m) * kF32Unit / (1.0 - double(m) * kF32Unit); }
 
 template <class T>
 std::vector<T> download(const void* src, size_t count) {

@@ -26,9 +26,8 @@ namespace {
 
 using testing::RandomModelParams;
 using testing::TempDir;
+using testing::kTestThreads;
 using testing::write_random_model;
-
-constexpr int kThreads = 2;
 
 // The real CPU runner, with hooks before and after each forward. It does not override
 // forward_sample, so the engine's steps go through the base class's host sampling.
@@ -69,7 +68,7 @@ class EngineRunnerTest : public ::testing::Test {
   static std::unique_ptr<Engine> make_engine(const EngineConfig& config, WrappedRunner** wrapped,
                                              std::function<void(WrappedRunner&)> setup = {}) {
     auto model = Model::load(dir_->path());
-    auto runner = std::make_unique<WrappedRunner>(make_cpu_runner(*model, {.block_size = 16, .n_blocks = 64}, kThreads));
+    auto runner = std::make_unique<WrappedRunner>(make_cpu_runner(*model, {.block_size = 16, .n_blocks = 64}, kTestThreads));
     *wrapped = runner.get();
     if (setup) setup(*runner);  // before the engine thread can call it
     return std::make_unique<Engine>(EngineParts{.model = std::move(model), .runner = std::move(runner)}, config);
@@ -87,7 +86,7 @@ class EngineRunnerTest : public ::testing::Test {
   // What an unbroken engine produces for a request.
   static std::vector<int32_t> reference(const GenerationRequest& r) {
     auto model = Model::load(dir_->path());
-    auto runner = make_cpu_runner(*model, {.block_size = 16, .n_blocks = 64}, kThreads);
+    auto runner = make_cpu_runner(*model, {.block_size = 16, .n_blocks = 64}, kTestThreads);
     Engine engine(EngineParts{.model = std::move(model), .runner = std::move(runner)}, {});
     RequestOutput o = engine.submit(r).collect();
     EXPECT_EQ(o.finish->reason, FinishReason::Length) << o.finish->error;
@@ -217,7 +216,7 @@ TEST_F(EngineRunnerTest, ARowWithNoFiniteLogitFailsOnlyItsRequest) {
 
 TEST_F(EngineRunnerTest, TheDefaultForwardSampleChecksItsArguments) {
   auto model = Model::load(dir_->path());
-  auto runner = make_cpu_runner(*model, {.block_size = 16, .n_blocks = 4}, kThreads);
+  auto runner = make_cpu_runner(*model, {.block_size = 16, .n_blocks = 4}, kTestThreads);
   std::vector<int32_t> table = {0, 1};
   ForwardBatch batch;
   batch.tokens = {1, 2, 3};
@@ -244,7 +243,7 @@ TEST_F(EngineRunnerTest, TheCpuRunnerHoldsBatchesToItsLimitsAndSlots) {
   auto runner = make_cpu_runner(
       *model, CpuRunnerConfig{.kv = {.block_size = 4, .blocks = 16},
                               .limits = {.max_seqs = 2, .max_batch_tokens = 8, .max_model_len = 12},
-                              .n_threads = kThreads});
+                              .n_threads = kTestThreads});
   EXPECT_EQ(runner->limits().max_seqs, 2);
   EXPECT_EQ(runner->limits().max_batch_tokens, 8);
   EXPECT_EQ(runner->limits().max_model_len, 12);
@@ -292,7 +291,7 @@ TEST_F(EngineRunnerTest, TheEngineRefusesAConfigurationBeyondItsRunnersLimits) {
     auto model = Model::load(dir_->path());
     auto runner = make_cpu_runner(*model, CpuRunnerConfig{.kv = {.block_size = 16, .blocks = 8},
                                                           .limits = {.max_seqs = 4, .max_batch_tokens = 64},
-                                                          .n_threads = kThreads});
+                                                          .n_threads = kTestThreads});
     return std::make_unique<Engine>(EngineParts{.model = std::move(model), .runner = std::move(runner)}, config);
   };
   auto message = [&](const EngineConfig& config) {

@@ -23,9 +23,8 @@ namespace {
 
 using testing::RandomModelParams;
 using testing::TempDir;
+using testing::kTestThreads;
 using testing::write_random_model;
-
-constexpr int kThreads = 2;
 
 // One model folder for the whole suite (written once; every engine maps it).
 class EngineTest : public ::testing::Test {
@@ -34,7 +33,7 @@ class EngineTest : public ::testing::Test {
     dir_ = new TempDir("spill-engine-test");
     params_ = RandomModelParams{.vocab_size = 300, .dense_layers = {0}, .seed = 11};
     write_random_model(dir_->path(), params_);
-    harness_ = new testing::EngineHarness([] { return Model::load(model_dir()); }, kThreads);
+    harness_ = new testing::EngineHarness([] { return Model::load(model_dir()); }, kTestThreads);
   }
   static void TearDownTestSuite() {
     delete harness_;
@@ -477,7 +476,7 @@ class EngineTextTest : public ::testing::Test {
   }
   static std::unique_ptr<Engine> open(const EngineConfig& config = {}) {
     return open_engine(dir_->path(),
-                       EngineOptions{.runner = {.device = {Device::Cpu}, .threads = kThreads, .kv = {.blocks = 64}}},
+                       EngineOptions{.runner = {.device = {Device::Cpu}, .threads = kTestThreads, .kv = {.blocks = 64}}},
                        config);
   }
   static TempDir* dir_;

@@ -122,7 +122,8 @@ void write_with_arch(const std::string& path, const std::string& arch, const std
   w.write(path);
 }
 
-std::string load_error(const std::string& path) {
+// The error opening `path` as a model bundle gives, or "" when it opens.
+std::string bundle_load_error(const std::string& path) {
   try {
     open_model_bundle(path, true);
   } catch (const Error& e) {
@@ -134,10 +135,10 @@ std::string load_error(const std::string& path) {
 TEST(GgufModel, UnsupportedArchitectureAndTokenizerAreRefusedUpFront) {
   testing::TempDir dir;
   write_with_arch(dir.sub("a.gguf"), "gemma3");
-  EXPECT_NE(load_error(dir.sub("a.gguf")).find("general.architecture 'gemma3' is not supported"), std::string::npos);
+  EXPECT_NE(bundle_load_error(dir.sub("a.gguf")).find("general.architecture 'gemma3' is not supported"), std::string::npos);
   testing::write_random_model(dir.sub("hf"), {.n_experts = 0, .seed = 2});
   testing::hf_to_gguf(dir.sub("hf"), dir.sub("m.gguf"), "qwen3");
-  const std::string msg = load_error(dir.sub("m.gguf"));
+  const std::string msg = bundle_load_error(dir.sub("m.gguf"));
   EXPECT_NE(msg.find("no tokenizer"), std::string::npos) << msg;
 }
 

@@ -15,7 +15,6 @@ namespace spill::placement {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kShapes = fs::path(SPILL_TEST_DATA) / "shapes";
 constexpr int64_t GiB = int64_t(1) << 30;
 
 // A small MoE whose rows are whole k-quant blocks: 6 layers x 16 experts top-2, hidden 256.
@@ -241,7 +240,7 @@ TEST(PlacementPlanner, UniformBatchEstimateCountsDistinctExperts) {
 // 95.6 GiB. It needed 102.1 GiB per GPU without offload and ran at 72.4 GiB with 30% of the routed
 // experts (4,608 of 15,360) in host RAM.
 TEST(PlacementPlanner, SeedBudgetRefusedWithoutOffloadFitsWithThirtyPercentOnHost) {
-  const ModelShape seed = load_model_shape((kShapes / "seed.json").string());
+  const ModelShape seed = load_model_shape((fs::path(SPILL_TEST_DATA) / "shapes" / "seed.json").string());
   PlanRequest r{.shape = seed,
                 .types = parse_tensor_class_types("experts=q3_k,attention=q8_0,embed=q8_0,head=q6_k,shared=q6_k"),
                 .kv_format = KvFormat::Fp8E4m3,

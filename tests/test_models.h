@@ -22,6 +22,9 @@
 
 namespace spill::testing {
 
+// Threads of the CPU runner in tests that run these models: two, the CI machine's cores.
+inline constexpr int kTestThreads = 2;
+
 struct RandomModelParams {
   // qwen3_moe when n_experts > 0, else qwen3 (dense).
   int64_t vocab_size = 256;

@@ -2,13 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <cctype>
 #include <charconv>
 #include <string>
 
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_info.h"
 #include "core/error.h"
+#include "core/strings.h"
 #include "model/model.h"
 #include "model/quantize_on_load.h"
 #include "offload/model_experts.h"
@@ -52,16 +52,10 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
 }
 // ===============================================================================================
 
-std::string lower(std::string_view text) {
-  std::string t(text);
-  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return t;
-}
-
 }  // namespace
 
 DeviceChoice parse_device(std::string_view text) {
-  const std::string t = lower(text);
+  const std::string t = ascii_lower(text);
   if (t == "auto") return {Device::Auto, 0};
   if (t == "cpu") return {Device::Cpu, 0};
   if (t == "cuda" || t == "gpu") return {Device::Cuda, 0};

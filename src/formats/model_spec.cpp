@@ -36,16 +36,14 @@ double ModelSpec::softmax_scale() const {
 
 namespace {
 
-// Sanity bounds on what a config.json may declare. Real models stay far below them (the largest
-// today: vocabularies of ~262K, 160 layers, hidden size 18K, 512 experts, contexts of 10M); they
-// exist so that a hostile or corrupt number fails here with a message instead of allocating
-// gigabytes (num_hidden_layers = 1e11) or overflowing arithmetic further down.
-constexpr int64_t kMaxVocab = int64_t(1) << 24;
-constexpr int64_t kMaxWidth = int64_t(1) << 20;  // hidden, intermediate, head_dim
-constexpr int64_t kMaxLayers = 4096;
-constexpr int64_t kMaxHeads = 4096;
-constexpr int64_t kMaxExperts = 1 << 16;
-constexpr int64_t kMaxPositions = int64_t(1) << 30;
+using model_limits::kMaxExperts;
+using model_limits::kMaxHeads;
+using model_limits::kMaxLayers;
+using model_limits::kMaxPositions;
+using model_limits::kMaxVocab;
+using model_limits::kMaxWidth;
+
+// Bound on a list of token ids in a config (eos_token_id: [...]).
 constexpr size_t kMaxTokenIds = 1024;
 
 // Typed access to config fields with errors that name the file and the field.

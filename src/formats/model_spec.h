@@ -146,6 +146,19 @@ struct ModelSpec {
   }
 };
 
+// Sanity bounds on what a model may declare (config.json, GGUF metadata). Real models stay far below
+// them (the largest today: vocabularies of ~262K, 160 layers, hidden size 18K, 512 experts, contexts
+// of 10M); they exist so that a hostile or corrupt number fails at load with a message instead of
+// allocating gigabytes (num_hidden_layers = 1e11) or overflowing arithmetic further down.
+namespace model_limits {
+inline constexpr int64_t kMaxVocab = int64_t(1) << 24;
+inline constexpr int64_t kMaxWidth = int64_t(1) << 20;  // hidden, intermediate, head_dim, latent ranks
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxHeads = 4096;
+inline constexpr int64_t kMaxExperts = 1 << 16;
+inline constexpr int64_t kMaxPositions = int64_t(1) << 30;
+}  // namespace model_limits
+
 // Reads <dir>/config.json (and generation_config.json for EOS ids when present).
 // Throws spill::Error naming the file and field on a missing field, a wrong type or an
 // unsupported architecture.

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "formats/model_spec.h"
 #include "model/weight_source.h"
 #include "quant/quant.h"
 
@@ -73,9 +74,10 @@ struct ArchKeys {
   }
 };
 
-constexpr int64_t kMaxWidth = int64_t(1) << 20;
-constexpr int64_t kMaxExperts = 1 << 16;
-constexpr int64_t kMaxLayers = 4096;
+using model_limits::kMaxExperts;
+using model_limits::kMaxHeads;
+using model_limits::kMaxLayers;
+using model_limits::kMaxWidth;
 
 // llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE_*).
 constexpr int64_t kGatingSoftmax = 1, kGatingSigmoid = 2;
@@ -204,7 +206,7 @@ ModelSpec gguf_model_spec(const gguf::GgufFile& file) {
   s.n_heads = md.integer(p + "attention.head_count");
   s.n_kv_heads = md.integer(p + "attention.head_count_kv", s.n_heads);
   if (s.hidden_size <= 0 || s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0 || s.n_layers > kMaxLayers ||
-      s.hidden_size > kMaxWidth || s.n_heads > 4096)
+      s.hidden_size > kMaxWidth || s.n_heads > kMaxHeads)
     fail("{}: {}embedding_length, block_count, attention.head_count and head_count_kv must be positive (and "
          "below spill's bounds)", where, p);
   if (s.n_heads % s.n_kv_heads != 0)

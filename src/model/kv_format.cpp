@@ -1,10 +1,10 @@
 #include "model/kv_format.h"
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace spill {
 
@@ -18,8 +18,7 @@ std::string_view kv_format_name(KvFormat f) {
 }
 
 KvFormat parse_kv_format(std::string_view text, std::string_view flag) {
-  std::string t(text);
-  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const std::string t = ascii_lower(text);
   if (t == "f32" || t == "fp32" || t == "float32") return KvFormat::F32;
   if (t == "bf16") return KvFormat::BF16;
   if (t == "fp8" || t == "fp8_e4m3" || t == "e4m3") return KvFormat::Fp8E4m3;

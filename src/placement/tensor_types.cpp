@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "quant/quant_mix.h"
 
 namespace spill::placement {
@@ -14,12 +15,6 @@ namespace {
 
 constexpr std::string_view kClassKeys[kNumTensorClasses] = {"embed",  "attention", "dense", "router",
                                                             "shared", "experts",   "norms", "head"};
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -72,13 +67,13 @@ TensorClassTypes parse_tensor_class_types(std::string_view text, std::string_vie
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos) {
-      if (!apply_preset(lower(item), t))
+      if (!apply_preset(ascii_lower(item), t))
         fail("{}: unknown preset \"{}\"; use bf16, f16, q8_0, q6_k, q4_k_m, q3_k_m or q2_k, or CLASS=TYPE items "
              "such as experts=q3_k,attention=q8_0",
              flag, item);
       continue;
     }
-    const std::string key = lower(trim(item.substr(0, eq)));
+    const std::string key = ascii_lower(trim(item.substr(0, eq)));
     const std::string_view type_name = trim(item.substr(eq + 1));
     int cls = -1;
     for (int c = 0; c < kNumTensorClasses; ++c)

@@ -6,19 +6,15 @@
 #include <numa.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/strings.h"
+
 namespace spill::placement {
 
 namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string cpulist(hwloc_const_bitmap_t set) {
   if (!set) return "";
@@ -97,7 +93,7 @@ class Nvml {
     if (rc != 0) return "";
     info.bus_id[31] = 0;
     const std::string from_fields = bus_id(info.domain, info.bus, info.device, 0);
-    const std::string text = lower(info.bus_id);
+    const std::string text = ascii_lower(info.bus_id);
     // NVML writes "00000000:17:00.0" (8-digit domain); compare the bus:device part.
     if (text.size() < 7 || text.substr(text.size() - 7, 5) != from_fields.substr(from_fields.size() - 7, 5)) return "";
     return from_fields;

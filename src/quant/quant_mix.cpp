@@ -6,9 +6,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace spill::quant {
 
@@ -39,12 +39,6 @@ const PresetInfo& info(Preset p) {
 
 constexpr std::string_view kClassNames[kNumTensorClasses] = {"experts", "shared", "dense", "attention",
                                                              "embed",   "head",   "router"};
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string trim(std::string_view s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
@@ -149,7 +143,7 @@ std::string QuantMix::str() const {
   std::string s = preset == Preset::None ? "" : std::string(preset_name(preset));
   for (int c = 0; c < kNumTensorClasses; ++c)
     if (class_type[c])
-      s += fmt::format("{}{}={}", s.empty() ? "" : ",", kClassNames[c], lower(dtype_name(*class_type[c])));
+      s += fmt::format("{}{}={}", s.empty() ? "" : ",", kClassNames[c], ascii_lower(dtype_name(*class_type[c])));
   return s.empty() ? "none" : s;
 }
 
@@ -166,7 +160,7 @@ QuantMix parse_quant_mix(std::string_view spec) {
     if (part.empty()) fail("--quant '{}': an empty item between commas", spec);
     const size_t eq = part.find('=');
     if (eq == std::string::npos) {
-      const std::string name = lower(part);
+      const std::string name = ascii_lower(part);
       auto it = std::find_if(std::begin(kPresets), std::end(kPresets),
                              [&](const PresetInfo& i) { return i.name == name; });
       if (it == std::end(kPresets))
@@ -175,7 +169,7 @@ QuantMix parse_quant_mix(std::string_view spec) {
       if (!first) fail("--quant '{}': the preset '{}' must come first, before any class=type", spec, part);
       mix.preset = it->preset;
     } else {
-      const std::string cls = lower(trim(part.substr(0, eq))), type = trim(part.substr(eq + 1));
+      const std::string cls = ascii_lower(trim(part.substr(0, eq))), type = trim(part.substr(eq + 1));
       if (cls == "norms" || cls == "norm")
         fail("--quant '{}': norms are never quantized (they stay F32); leave '{}' out", spec, part);
       auto it = std::find(std::begin(kClassNames), std::end(kClassNames), cls);

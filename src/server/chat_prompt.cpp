@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_limits.h"
+#include "core/strings.h"
 #include "engine/model_bundle.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -102,11 +103,9 @@ std::string template_sources(const std::string& dir) {
   return all;
 }
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-
 bool ends_with_open_think(const std::string& prompt) {
   size_t end = prompt.size();
-  while (end > 0 && is_space(prompt[end - 1])) --end;
+  while (end > 0 && is_json_space(prompt[end - 1])) --end;
   static constexpr std::string_view kThink = "<think>";
   return end >= kThink.size() && std::string_view(prompt).substr(end - kThink.size(), kThink.size()) == kThink;
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json_limits.h"
+#include "core/strings.h"
 
 namespace spill::server {
 
@@ -13,20 +14,18 @@ namespace {
 
 using OrderedJson = nlohmann::ordered_json;
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  while (!s.empty() && is_json_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_json_space(s.back())) s.remove_suffix(1);
   return s;
 }
 
 std::string_view ltrim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_json_space(s.front())) s.remove_prefix(1);
   return s;
 }
 
-bool has_space(std::string_view s) { return std::any_of(s.begin(), s.end(), is_space); }
+bool has_space(std::string_view s) { return std::any_of(s.begin(), s.end(), is_json_space); }
 
 // Length of the longest suffix of text that is a proper prefix of tag: those bytes may be the
 // start of the tag and must wait for the next push.
@@ -171,7 +170,7 @@ std::string_view header_word(std::string_view header, std::string_view key) {
   if (at == std::string_view::npos) return {};
   std::string_view rest = ltrim(header.substr(at + key.size()));
   size_t end = 0;
-  while (end < rest.size() && !is_space(rest[end]) && rest[end] != '<') ++end;
+  while (end < rest.size() && !is_json_space(rest[end]) && rest[end] != '<') ++end;
   return rest.substr(0, end);
 }
 
@@ -305,12 +304,12 @@ void OutputParser::append(std::vector<OutputPiece>& out, OutputPiece::Kind kind,
 
 void OutputParser::emit_text(std::vector<OutputPiece>& out, OutputPiece::Kind kind, std::string_view text) {
   if (skip_leading_ws_) {
-    while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+    while (!text.empty() && is_json_space(text.front())) text.remove_prefix(1);
     if (text.empty()) return;
     skip_leading_ws_ = false;
   }
   size_t end = text.size();
-  while (end > 0 && is_space(text[end - 1])) --end;
+  while (end > 0 && is_json_space(text[end - 1])) --end;
   if (end == 0) {
     held_ws_.append(text);
     return;

@@ -45,7 +45,9 @@ std::string reasoning_item_text(const Json& item, const std::string& p) {
   return "";
 }
 
-Json parse_tools(const Json& body) {
+// The Responses API's flat function tools ({"type": "function", "name", "parameters"}) in the Chat
+// Completions shape the chat path takes; openai_api.cpp's parse_tools reads that shape directly.
+Json parse_responses_tools(const Json& body) {
   const Json* tools = find_field(body, "tools");
   if (!tools) return nullptr;
   if (!tools->is_array()) invalid_field("tools", "must be an array of {\"type\": \"function\", \"name\", \"parameters\"}");
@@ -71,7 +73,8 @@ Json parse_tools(const Json& body) {
   return out.empty() ? Json(nullptr) : out;
 }
 
-ToolChoice parse_tool_choice(const Json& body, const Json& tools) {
+// tool_choice as the Responses API names a function: {"type": "function", "name": ...}.
+ToolChoice parse_responses_tool_choice(const Json& body, const Json& tools) {
   ToolChoice choice;
   const Json* tc = find_field(body, "tool_choice");
   if (!tc) return choice;
@@ -200,8 +203,8 @@ ResponsesRequest parse_responses_request(const Json& body) {
 
   if (!r.instructions.empty()) r.chat.messages.push_back(Json{{"role", "system"}, {"content", r.instructions}});
   for (const Json& m : r.input_messages) r.chat.messages.push_back(m);
-  r.chat.tools = parse_tools(body);
-  r.chat.tool_choice = parse_tool_choice(body, r.chat.tools);
+  r.chat.tools = parse_responses_tools(body);
+  r.chat.tool_choice = parse_responses_tool_choice(body, r.chat.tools);
   r.parallel_tool_calls = read_bool(body, "parallel_tool_calls").value_or(true);
   r.previous_response_id = read_string(body, "previous_response_id");
   r.store = read_bool(body, "store").value_or(true);

@@ -11,7 +11,7 @@ namespace spill {
 namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;
+using OrderedJson = nlohmann::ordered_json;
 
 // transformers' SPECIAL_TOKENS_ATTRIBUTES: the named tokens special_tokens_map holds.
 constexpr const char* kSpecialTokenNames[] = {"bos_token", "eos_token", "unk_token", "sep_token",
@@ -25,12 +25,12 @@ std::string read_text(const fs::path& path) {
   return ss.str();
 }
 
-json read_json(const fs::path& path) {
-  return parse_json<json>(read_text(path), path.string());
+OrderedJson read_json(const fs::path& path) {
+  return parse_json<OrderedJson>(read_text(path), path.string());
 }
 
 // A special token is a string or an AddedToken object {"content": ..., "lstrip": ...}.
-std::optional<std::string> token_text(const json& value) {
+std::optional<std::string> token_text(const OrderedJson& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_object() && value.contains("content") && value["content"].is_string()) {
     return value["content"].get<std::string>();
@@ -41,7 +41,7 @@ std::optional<std::string> token_text(const json& value) {
 }  // namespace
 
 ChatTemplate ChatTemplate::from_templates(const std::map<std::string, std::string>& templates,
-                                          const json& special_tokens, const std::string& origin) {
+                                          const OrderedJson& special_tokens, const std::string& origin) {
   ChatTemplate t;
   t.origin_ = origin;
   if (!special_tokens.is_object()) fail("{}: special tokens must be a JSON object", origin);
@@ -56,7 +56,7 @@ ChatTemplate ChatTemplate::from_templates(const std::map<std::string, std::strin
 ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   const fs::path root(dir);
   const fs::path config_path = root / "tokenizer_config.json";
-  json config = fs::exists(config_path) ? read_json(config_path) : json::object();
+  OrderedJson config = fs::exists(config_path) ? read_json(config_path) : OrderedJson::object();
   if (!config.is_object()) fail("{}: expected a JSON object", config_path.string());
 
   std::map<std::string, std::string> templates;
@@ -75,12 +75,12 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
     if (origin.empty() && !templates.empty()) origin = extra_dir.string();
   }
   if (templates.empty() && config.contains("chat_template") && !config["chat_template"].is_null()) {
-    const json& value = config["chat_template"];
+    const OrderedJson& value = config["chat_template"];
     origin = config_path.string();
     if (value.is_string()) {
       templates["default"] = value.get<std::string>();
     } else if (value.is_array()) {
-      for (const json& item : value) {
+      for (const OrderedJson& item : value) {
         if (!item.is_object() || !item.contains("name") || !item.contains("template") || !item["name"].is_string() ||
             !item["template"].is_string()) {
           fail("{}: chat_template entries must be {{\"name\": ..., \"template\": ...}} objects", config_path.string());
@@ -93,7 +93,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   }
   const fs::path legacy_path = root / "chat_template.json";
   if (templates.empty() && fs::exists(legacy_path)) {
-    json legacy = read_json(legacy_path);
+    OrderedJson legacy = read_json(legacy_path);
     if (legacy.is_object() && legacy.contains("chat_template") && legacy["chat_template"].is_string()) {
       templates["default"] = legacy["chat_template"].get<std::string>();
       origin = legacy_path.string();
@@ -101,9 +101,9 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   }
   if (origin.empty()) origin = dir;
 
-  json special = json::object();
+  OrderedJson special = OrderedJson::object();
   const fs::path map_path = root / "special_tokens_map.json";
-  json special_map = fs::exists(map_path) ? read_json(map_path) : json::object();
+  OrderedJson special_map = fs::exists(map_path) ? read_json(map_path) : OrderedJson::object();
   for (const char* name : kSpecialTokenNames) {
     std::optional<std::string> text;
     if (config.contains(name)) {
@@ -119,13 +119,14 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   return t;
 }
 
-std::string ChatTemplate::render(const json& messages, const json& tools, bool add_generation_prompt,
-                                 const json& extra_kwargs, const jinja::RenderOptions& options) const {
+std::string ChatTemplate::render(const OrderedJson& messages, const OrderedJson& tools, bool add_generation_prompt,
+                                 const OrderedJson& extra_kwargs, const jinja::RenderOptions& options) const {
   return render_marked(messages, tools, add_generation_prompt, extra_kwargs, options).text;
 }
 
-jinja::RenderedText ChatTemplate::render_marked(const json& messages, const json& tools, bool add_generation_prompt,
-                                                const json& extra_kwargs, const jinja::RenderOptions& options) const {
+jinja::RenderedText ChatTemplate::render_marked(const OrderedJson& messages, const OrderedJson& tools,
+                                                bool add_generation_prompt, const OrderedJson& extra_kwargs,
+                                                const jinja::RenderOptions& options) const {
   if (templates_.empty()) {
     fail(
         "{}: the model has no chat template (no chat_template.jinja, and no chat_template in "
@@ -152,7 +153,7 @@ jinja::RenderedText ChatTemplate::render_marked(const json& messages, const json
   // stay unmarked: templates build markup from them ('<|' + role + '|>') and requests may only
   // name known roles.
   jinja::InputMarking marking{.variables = {"messages", "tools"}, .trusted_keys = {"role"}};
-  json variables = json::object();
+  OrderedJson variables = OrderedJson::object();
   variables["messages"] = messages;
   variables["tools"] = tools;
   variables["documents"] = nullptr;

@@ -39,6 +39,11 @@ struct Token {
   bool is_name(std::string_view name) const { return type == TokenType::kName && value == name; }
 };
 
+// A TemplateSyntaxError at `line`: what the lexer and the parser throw.
+[[noreturn]] inline void syntax_error(std::string message, int line) {
+  throw TemplateError{ErrorKind::kSyntax, std::move(message), line};
+}
+
 // Throws TemplateError(kSyntax) with the line set.
 std::vector<Token> tokenize(std::string_view source, const Options& options);
 

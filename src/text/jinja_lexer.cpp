@@ -12,10 +12,6 @@
 namespace spill::jinja::detail {
 namespace {
 
-[[noreturn]] void syntax_error(std::string message, int line) {
-  throw TemplateError{ErrorKind::kSyntax, std::move(message), line};
-}
-
 // One UTF-8 character at `pos`: its code point and byte length.
 std::pair<char32_t, size_t> char_at(std::string_view s, size_t pos) {
   auto c = static_cast<unsigned char>(s[pos]);

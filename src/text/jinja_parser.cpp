@@ -12,10 +12,6 @@
 namespace spill::jinja::detail {
 namespace {
 
-[[noreturn]] void syntax_error(std::string message, int line) {
-  throw TemplateError{ErrorKind::kSyntax, std::move(message), line};
-}
-
 std::string describe_type(TokenType type) {
   switch (type) {
     case TokenType::kData:

@@ -4,11 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 
 #include "backend/cuda/bandwidth.h"
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace spill::cuda {
 
@@ -82,9 +82,7 @@ std::string cuda_pci_bus_id(int device) {
     cudaGetLastError();
     return "";
   }
-  std::string s(buf);
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+  return ascii_lower(buf);
 }
 
 ReadBandwidth measure_read_bandwidth(int device, double seconds) {
