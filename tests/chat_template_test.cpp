@@ -16,12 +16,13 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 
 namespace spill {
 namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;
+using OrderedJson = nlohmann::ordered_json;
 
 const fs::path kTemplateDir = fs::path(SPILL_TEST_DATA) / "chat_templates";
 const fs::path kCasesPath = kTemplateDir / "cases.json";
@@ -42,17 +43,20 @@ void PrintTo(const FixtureCase& c, std::ostream* os) {
   *os << c.name;
 }
 
-const json& fixture() {
-  static const json data = fs::exists(kCasesPath) ? json::parse(read_file(kCasesPath)) : json();
+// Read at start-up by every process of the suite (the cases are the test parameters), so parsed by
+// the library's parse_json, compiled optimised, rather than in this file (at -O0 under SPILL_TESTS_O0).
+const OrderedJson& fixture() {
+  static const OrderedJson data =
+      fs::exists(kCasesPath) ? parse_json<OrderedJson>(read_file(kCasesPath), kCasesPath.string()) : OrderedJson();
   return data;
 }
 
 std::vector<FixtureCase> fixture_cases() {
-  const json& data = fixture();
+  const OrderedJson& data = fixture();
   if (data.is_null()) return {{"MissingFixture", 0}};
   std::vector<FixtureCase> cases;
   for (size_t i = 0; i < data["cases"].size(); ++i) {
-    const json& c = data["cases"][i];
+    const OrderedJson& c = data["cases"][i];
     std::string name = c["template"].get<std::string>() + "__" + c["scenario"].get<std::string>();
     for (char& ch : name) {
       if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
@@ -78,7 +82,7 @@ const ChatTemplate& fixture_template(const std::string& name) {
   static std::map<std::string, ChatTemplate> cache;
   auto it = cache.find(name);
   if (it == cache.end()) {
-    const json& info = fixture()["templates"][name];
+    const OrderedJson& info = fixture()["templates"][name];
     std::string file = info["file"].get<std::string>();
     it = cache
              .emplace(name, ChatTemplate::from_templates({{"default", read_file(kTemplateDir / file)}},
@@ -95,7 +99,7 @@ TEST_P(TransformersCase, RendersByteIdentically) {
     FAIL() << kCasesPath.string() << " is missing: run `python3 tools/fixtures/make_chat_template_fixtures.py` "
            << "from the repository root (it needs jinja2; with transformers installed it uses transformers' renderer)";
   }
-  const json& c = fixture()["cases"][GetParam().index];
+  const OrderedJson& c = fixture()["cases"][GetParam().index];
   const ChatTemplate& t = fixture_template(c["template"].get<std::string>());
   auto render = [&] {
     return t.render(c["messages"], c["tools"], c["add_generation_prompt"].get<bool>(), c["extra_kwargs"],
@@ -160,8 +164,8 @@ const char* kProbe =
     "{{ bos_token }}[{{ messages[0].content }}]{{ eos_token }}{{ tools|length if tools else \\\"-\\\" }}"
     "{{ add_generation_prompt }}{{ enable_thinking }}";
 
-const json kHi = json::parse(R"([{"role": "user", "content": "hi"}])");
-const json kTools = json::parse(R"([{"type": "function"}])");
+const OrderedJson kHi = OrderedJson::parse(R"([{"role": "user", "content": "hi"}])");
+const OrderedJson kTools = OrderedJson::parse(R"([{"type": "function"}])");
 
 TEST(ChatTemplateDir, StringTemplateAndTokensInTokenizerConfig) {
   ModelDir dir;
@@ -170,12 +174,12 @@ TEST(ChatTemplateDir, StringTemplateAndTokensInTokenizerConfig) {
                                             "pad_token": null})");
   ChatTemplate t = ChatTemplate::from_model_dir(dir.path());
   ASSERT_TRUE(t.has_template());
-  EXPECT_EQ(t.special_tokens(), json::parse(R"({"bos_token": "<s>", "eos_token": "</s>"})"));
+  EXPECT_EQ(t.special_tokens(), OrderedJson::parse(R"({"bos_token": "<s>", "eos_token": "</s>"})"));
   EXPECT_EQ(t.render(kHi, nullptr, true, nullptr), "<s>[hi]</s>-True");
   // Extra kwargs are template variables and override special tokens.
-  EXPECT_EQ(t.render(kHi, kTools, false, json::parse(R"({"bos_token": "<B>", "enable_thinking": false})")),
+  EXPECT_EQ(t.render(kHi, kTools, false, OrderedJson::parse(R"({"bos_token": "<B>", "enable_thinking": false})")),
             "<B>[hi]</s>1FalseFalse");
-  EXPECT_THROW(t.render(kHi, nullptr, true, json::parse(R"({"messages": []})")), Error);
+  EXPECT_THROW(t.render(kHi, nullptr, true, OrderedJson::parse(R"({"messages": []})")), Error);
 }
 
 TEST(ChatTemplateDir, NamedTemplatesPickToolUseWhenToolsAreGiven) {
@@ -185,7 +189,7 @@ TEST(ChatTemplateDir, NamedTemplatesPickToolUseWhenToolsAreGiven) {
   ChatTemplate t = ChatTemplate::from_model_dir(dir.path());
   EXPECT_EQ(t.render(kHi, nullptr, true, nullptr), "plain");
   EXPECT_EQ(t.render(kHi, kTools, true, nullptr), "with tools");
-  EXPECT_EQ(t.render(kHi, json::array(), true, nullptr), "with tools");  // transformers: `tools is not None`
+  EXPECT_EQ(t.render(kHi, OrderedJson::array(), true, nullptr), "with tools");  // transformers: `tools is not None`
 }
 
 TEST(ChatTemplateDir, WithoutDefaultTheChoiceIsAnError) {

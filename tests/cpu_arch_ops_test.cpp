@@ -15,18 +15,13 @@
 
 #include "backend/cpu/ops.h"
 #include "core/dtype.h"
+#include "test_values.h"
 
 namespace {
 
 using spill::DType;
 using spill::TensorView;
-
-std::vector<float> random_vector(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using spill::test::random_vector;
 
 TensorView f32_view(const std::vector<float>& v, int64_t rows, int64_t cols) {
   TensorView t;

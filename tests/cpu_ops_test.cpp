@@ -11,11 +11,13 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "quant/quant.h"
+#include "test_values.h"
 
 namespace {
 
 using spill::DType;
 using spill::TensorView;
+using spill::test::random_vector;
 
 struct OwnedTensor {
   std::vector<uint16_t> half;
@@ -46,13 +48,6 @@ OwnedTensor random_tensor(DType dtype, int64_t rows, int64_t cols, std::mt19937&
   t.view.ndim = 2;
   t.view.shape = {rows, cols, 0, 0};
   return t;
-}
-
-std::vector<float> random_vector(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
 }
 
 class MatmulTest : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, int64_t>> {};
@@ -124,8 +119,8 @@ QuantTensor quantized_tensor(DType dtype, int64_t rows, int64_t cols, std::mt199
   return t;
 }
 
-const DType kBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
-                             DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
+const DType kMatmulBlockTypes[] = {DType::Q8_0, DType::Q6_K, DType::Q5_K,   DType::Q4_K,
+                                   DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::MXFP4};
 
 // Sets the CPU matmul's activation mode for one test and puts the previous one back.
 struct ActivationModeScope {
@@ -187,7 +182,7 @@ TEST_P(BlockMatmulTest, Q8OutputIsTheRowDotQ8) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BlockMatmulTest,
-                         ::testing::Combine(::testing::ValuesIn(kBlockTypes),
+                         ::testing::Combine(::testing::ValuesIn(kMatmulBlockTypes),
                                             ::testing::Values(int64_t(1), int64_t(3), int64_t(17)),
                                             ::testing::Values(int64_t(1), int64_t(37)),
                                             ::testing::Values(int64_t(1), int64_t(3))),
@@ -200,7 +195,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BlockMatmulTest,
 
 TEST(BlockMatmul, TokenResultIndependentOfBatch) {
   for (auto mode : {spill::cpu::ActivationMode::F32, spill::cpu::ActivationMode::Q8})
-  for (DType dtype : kBlockTypes) {
+  for (DType dtype : kMatmulBlockTypes) {
     ActivationModeScope scope(mode);
     std::mt19937 rng(5);
     const int64_t M = 45, K = 3 * 256, n = 13;
@@ -220,7 +215,7 @@ TEST(BlockMatmul, TokenResultIndependentOfBatch) {
 
 // Embedding rows (load_row) are the dequantized rows, at any row index.
 TEST(BlockMatmul, LoadRowIsTheDequantizedRow) {
-  for (DType dtype : kBlockTypes) {
+  for (DType dtype : kMatmulBlockTypes) {
     std::mt19937 rng(9);
     const int64_t M = 7, K = 512;
     QuantTensor w = quantized_tensor(dtype, M, K, rng);

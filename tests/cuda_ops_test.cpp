@@ -28,6 +28,7 @@
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
 #include "quant/quant.h"
+#include "test_values.h"
 
 namespace spill {
 namespace {

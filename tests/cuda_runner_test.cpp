@@ -38,6 +38,7 @@
 #include "model/runner.h"
 #include "offload/model_experts.h"
 #include "test_models.h"
+#include "test_values.h"
 
 namespace spill {
 namespace {
@@ -494,9 +495,9 @@ TEST_F(CudaRunnerTest, TheEngineRunsOnTheCudaRunner) {
 }
 
 // A real checkpoint: the bundled model (BF16 safetensors, tied head, 6 layers of 16 experts).
-std::string spill_tiny_dir() {
+std::string checkpoint_dir() {
   if (const char* env = std::getenv("SPILL_TINY_DIR")) return env;
-  return std::string(SPILL_SOURCE_DIR) + "/models/spill-tiny";
+  return testing::spill_tiny_dir();
 }
 
 // int8_activations: both runners round each block-format matmul's input to int8 per block of 256
@@ -532,7 +533,7 @@ void greedy_against_cpu(const Model& model, int n_new, const std::string& what, 
 
 TEST(CudaRunnerModels, SpillTinyGreedyMatchesTheCpuRunner) {
   SPILL_SKIP_WITHOUT_GPU();
-  const std::string dir = spill_tiny_dir();
+  const std::string dir = checkpoint_dir();
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " not found (set SPILL_TINY_DIR)";
   cpu::set_activation_mode(cpu::ActivationMode::F32);
   auto model = Model::load(dir);

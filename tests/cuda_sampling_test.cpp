@@ -16,11 +16,12 @@
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "sampling/sampler.h"
+#include "test_values.h"
 
 namespace spill {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using test::kNegInf;
 
 // The parameter combinations each row cycles through.
 std::vector<SamplingParams> combinations() {

@@ -48,11 +48,6 @@ struct DeviceBuffer {
   void poison() { EXPECT_EQ(cudaMemset(ptr, 0xFF, bytes), cudaSuccess); }
 };
 
-// f32's unit roundoff u = 2^-24 and Higham's gamma_m = m u / (1 - m u), the bound on the relative
-// error of a result m f32 roundings deep.
-inline constexpr double kF32Unit = 1.0 / 16777216.0;
-inline double f32_gamma(int64_t m) { return double(m) * kF32Unit / (1.0 - double(m) * kF32Unit); }
-
 template <class T>
 std::vector<T> download(const void* src, size_t count) {
   std::vector<T> v(count);

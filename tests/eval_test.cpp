@@ -17,19 +17,20 @@
 #include "model/runner.h"
 #include "test_models.h"
 
+namespace spill {
+
 namespace fs = std::filesystem;
-using namespace spill;
 
 namespace {
 
-struct Fixture {
+struct EvalModels {
   fs::path dir;
   std::unique_ptr<Model> ref, quant;
   std::unique_ptr<ModelRunner> ref_runner, quant_runner;
   std::vector<int32_t> tokens;
   static constexpr int64_t kVocab = 300;
 
-  explicit Fixture(int32_t ctx) {
+  explicit EvalModels(int32_t ctx) {
     dir = fs::temp_directory_path() / ("spill_eval_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -45,7 +46,7 @@ struct Fixture {
     tokens.resize(230);
     for (int32_t& t : tokens) t = int32_t(rng() % kVocab);
   }
-  ~Fixture() { fs::remove_all(dir); }
+  ~EvalModels() { fs::remove_all(dir); }
 
   std::vector<float> window_logits(ModelRunner& r, const std::vector<int32_t>& window) {
     std::vector<int32_t> table(size_t((window.size() + 15) / 16));
@@ -77,7 +78,7 @@ std::vector<long double> log_softmax(const float* x, int64_t n) {
 TEST(Eval, MatchesAFloat64ComputationOverTheScoredTokens) {
   for (int32_t stride : {0, 20}) {
     const int32_t ctx = 48;
-    Fixture f(ctx);
+    EvalModels f(ctx);
     const EvalOptions options{.ctx = ctx, .stride = stride};
     const EvalResult r = evaluate(*f.quant_runner, f.ref_runner.get(), f.tokens, options);
 
@@ -94,12 +95,12 @@ TEST(Eval, MatchesAFloat64ComputationOverTheScoredTokens) {
       for (int32_t p = first; p < ctx - 1; ++p) {
         const size_t target = s + size_t(p) + 1;
         EXPECT_TRUE(targets.insert(target).second) << "token " << target << " scored twice";
-        const auto q = log_softmax(lq.data() + size_t(p) * Fixture::kVocab, Fixture::kVocab);
-        const auto b = log_softmax(lr.data() + size_t(p) * Fixture::kVocab, Fixture::kVocab);
+        const auto q = log_softmax(lq.data() + size_t(p) * EvalModels::kVocab, EvalModels::kVocab);
+        const auto b = log_softmax(lr.data() + size_t(p) * EvalModels::kVocab, EvalModels::kVocab);
         nll.push_back(-q[size_t(f.tokens[target])]);
         ref_nll.push_back(-b[size_t(f.tokens[target])]);
         long double k = 0;
-        for (int64_t v = 0; v < Fixture::kVocab; ++v) k += std::exp(b[size_t(v)]) * (b[size_t(v)] - q[size_t(v)]);
+        for (int64_t v = 0; v < EvalModels::kVocab; ++v) k += std::exp(b[size_t(v)]) * (b[size_t(v)] - q[size_t(v)]);
         kld.push_back(k);
         same += std::max_element(q.begin(), q.end()) - q.begin() == std::max_element(b.begin(), b.end()) - b.begin();
       }
@@ -132,7 +133,7 @@ TEST(Eval, MatchesAFloat64ComputationOverTheScoredTokens) {
 }
 
 TEST(Eval, SelfReferenceGivesZeroDivergence) {
-  Fixture f(32);
+  EvalModels f(32);
   const EvalResult r = evaluate(*f.ref_runner, f.ref_runner.get(), f.tokens, {.ctx = 32});
   EXPECT_NEAR(r.kld_mean, 0, 1e-12);
   EXPECT_EQ(r.top1, 1.0);
@@ -140,7 +141,7 @@ TEST(Eval, SelfReferenceGivesZeroDivergence) {
 }
 
 TEST(Eval, BosReplacesEachWindowsFirstToken) {
-  Fixture f(32);
+  EvalModels f(32);
   const EvalResult with_bos = evaluate(*f.ref_runner, nullptr, f.tokens, {.ctx = 32, .bos_token = 1});
   // The same as evaluating windows whose first token is 1, without the option.
   std::vector<int32_t> patched = f.tokens;
@@ -150,7 +151,7 @@ TEST(Eval, BosReplacesEachWindowsFirstToken) {
 }
 
 TEST(Eval, RejectsBadWindows) {
-  Fixture f(32);
+  EvalModels f(32);
   EXPECT_THROW(evaluate(*f.ref_runner, nullptr, f.tokens, {.ctx = 2}), Error);
   EXPECT_THROW(evaluate(*f.ref_runner, nullptr, f.tokens, {.ctx = 32, .stride = 40}), Error);
   EXPECT_THROW(evaluate(*f.ref_runner, nullptr, std::vector<int32_t>(10, 1), {.ctx = 32}), Error);
@@ -162,3 +163,5 @@ TEST(Eval, PercentileInterpolatesAsLlamaPerplexity) {
   EXPECT_DOUBLE_EQ(sorted_percentile(v, 0.5), 5);
   EXPECT_DOUBLE_EQ(sorted_percentile(v, 1.0), 10);
 }
+
+}  // namespace spill

@@ -32,6 +32,7 @@ namespace spill {
 namespace {
 
 using test::run_spill;
+using testing::spill_tiny_dir;
 
 namespace fs = std::filesystem;
 
@@ -244,8 +245,6 @@ TEST_P(ConvertedGguf, LogitsEqualTheSafetensorsOriginal) {
 INSTANTIATE_TEST_SUITE_P(Archs, ConvertedGguf, ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen3", "llama"));
 
 std::string spill_tiny_gguf() { return fmt::format("{}/spill-tiny-bf16.gguf", gguf_dir()); }
-std::string spill_tiny_dir() { return (fs::path(SPILL_SOURCE_DIR) / "models" / "spill-tiny").string(); }
-
 TEST(ConvertedGgufSpillTiny, LogitsEqualTheBundledModel) {
   REQUIRE_FILE(spill_tiny_gguf());
   auto gg = Model::load(spill_tiny_gguf());

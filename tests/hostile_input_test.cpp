@@ -21,6 +21,7 @@
 #include "server/chat_prompt.h"
 #include "server/openai_api.h"
 #include "server/output_parser.h"
+#include "test_models.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
 
@@ -241,18 +242,6 @@ TEST(HostileTemplate, RenderTimeIsBounded) {
 
 // ---- numbers from files ----------------------------------------------------------------------------
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("spill_hostile_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 void write_file(const fs::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
 }
@@ -265,11 +254,11 @@ std::string safetensors_with_header(const std::string& header, size_t data_bytes
 }
 
 TEST(HostileNumbers, SafetensorsByteCountThatWrapsIsRefused) {
-  TempDir dir;
+  const testing::TempDir dir("spill-hostile");
   // 2^31 * 2^31 F32 elements: 2^64 bytes, which wraps to 0 and matched data_offsets [0, 0].
   const json header = {{"w", {{"dtype", "F32"}, {"shape", {2147483648ull, 2147483648ull}}, {"data_offsets", {0, 0}}}}};
-  write_file(dir.path / "model.safetensors", safetensors_with_header(header.dump(), 0));
-  error_of([&] { SafetensorsFile f((dir.path / "model.safetensors").string()); }, "more than 2^64 bytes");
+  write_file(dir.sub("model.safetensors"), safetensors_with_header(header.dump(), 0));
+  error_of([&] { SafetensorsFile f(dir.sub("model.safetensors")); }, "more than 2^64 bytes");
 }
 
 // A valid llama config.json with one field's JSON text replaced (text, since nlohmann itself

@@ -14,9 +14,9 @@
 #include "placement/measured_bytes.h"
 #include "placement/planner.h"
 
+namespace spill::placement {
+
 namespace fs = std::filesystem;
-using namespace spill;
-using namespace spill::placement;
 
 namespace {
 
@@ -151,3 +151,5 @@ TEST_F(Q4kmTiny, ItsGgufMeasuresAsTheFileStoresIt) {
 }
 
 }  // namespace
+
+}  // namespace spill::placement

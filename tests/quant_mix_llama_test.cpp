@@ -12,8 +12,7 @@
 
 #include "quant/quant_mix.h"
 
-using namespace spill;
-using namespace spill::quant;
+namespace spill::quant {
 
 namespace {
 
@@ -85,3 +84,5 @@ TEST(QuantMixVsLlamaQuantize, EveryTensorOfEveryPresetGetsLlamaCppsType) {
   std::printf("compared %lld tensor types, %lld of them a legacy 32-block fallback type\n", (long long)compared,
               (long long)legacy);
 }
+
+}  // namespace spill::quant

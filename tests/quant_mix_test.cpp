@@ -15,9 +15,9 @@
 #include "quant/quant_mix.h"
 #include "test_models.h"
 
+namespace spill::quant {
+
 namespace fs = std::filesystem;
-using namespace spill;
-using namespace spill::quant;
 
 namespace {
 
@@ -286,3 +286,5 @@ TEST(QuantizeOnLoad, RefusesImatrixWithoutQuant) {
   EXPECT_EQ(quantize_as_asked(*model, {}).n_tensors, 0);
   fs::remove_all(dir);
 }
+
+}  // namespace spill::quant

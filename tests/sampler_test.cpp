@@ -11,11 +11,12 @@
 
 #include "core/error.h"
 #include "sampling/sampling_math.h"
+#include "test_values.h"
 
 namespace spill {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using test::kNegInf;
 
 SampledToken pick(const SamplingParams& p, const std::vector<float>& logits, std::vector<int32_t> prompt = {},
                   uint64_t seed = 1) {

@@ -21,14 +21,15 @@ std::string read_template(const std::string& name) {
 
 ChatInput conversation(const char* body) { return parse_chat_input(parse_json_body(body)); }
 
-const char* kTools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+// The "tools" member of a request body, as text to splice into one.
+const char* kToolsMember = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
 
 TEST(ServerChatPrompt, Qwen3ThinksAndUsesHermesToolCalls) {
   const ChatPrompt p = ChatPrompt::from_source(read_template("Qwen-Qwen3-0.6B.jinja"), {{"eos_token", "<|im_end|>"}});
   EXPECT_TRUE(p.thinks());
   EXPECT_TRUE(p.hermes_tools());
-  auto chat = conversation((std::string(R"({"messages": [{"role": "user", "content": "Weather in Paris?"}], )") + kTools + "}").c_str());
+  auto chat = conversation((std::string(R"({"messages": [{"role": "user", "content": "Weather in Paris?"}], )") + kToolsMember + "}").c_str());
   RenderedPrompt r = p.render(chat);
   EXPECT_NE(r.text.find("<tools>"), std::string::npos);
   EXPECT_NE(r.text.find("\"name\": \"get_weather\""), std::string::npos);
@@ -91,7 +92,7 @@ TEST(ServerChatPrompt, LlamaTemplateNeitherThinksNorForcesHermesCalls) {
                                                {{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}});
   EXPECT_FALSE(p.thinks());
   EXPECT_FALSE(p.hermes_tools());
-  auto chat = conversation((std::string(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required", )") + kTools + "}").c_str());
+  auto chat = conversation((std::string(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required", )") + kToolsMember + "}").c_str());
   const RenderedPrompt r = p.render(chat);
   EXPECT_TRUE(r.forced_reply.empty());
   EXPECT_FALSE(r.parser.parse_reasoning);
@@ -104,7 +105,7 @@ TEST(ServerChatPrompt, FallbackIsChatMLWithToolsAndStopsAtImEnd) {
   const auto chat = conversation((std::string(R"({"messages": [
       {"role": "system", "content": "S"}, {"role": "user", "content": "U"},
       {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], )") + kTools + "}").c_str());
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], )") + kToolsMember + "}").c_str());
   const RenderedPrompt r = p.render(chat);
   EXPECT_TRUE(r.text.starts_with("<|im_start|>system\nS\n\n# Tools")) << r.text;
   EXPECT_NE(r.text.find("<|im_start|>user\nU<|im_end|>\n"), std::string::npos) << r.text;

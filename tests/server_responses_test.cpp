@@ -8,10 +8,11 @@
 namespace spill::server {
 namespace {
 
-ResponsesRequest parse(const char* text) { return parse_responses_request(parse_json_body(text)); }
+ResponsesRequest parse_request(const char* text) { return parse_responses_request(parse_json_body(text)); }
 
+// A 400 whose param is exactly `field`.
 template <class Fn>
-void expect_400(Fn&& fn, const std::string& field) {
+void expect_400_param(Fn&& fn, const std::string& field) {
   try {
     fn();
   } catch (const ApiError& e) {
@@ -23,7 +24,7 @@ void expect_400(Fn&& fn, const std::string& field) {
 }
 
 TEST(ServerResponses, StringInputAndInstructions) {
-  const auto r = parse(R"({"model": "m", "input": "hi", "instructions": "be brief", "max_output_tokens": 9})");
+  const auto r = parse_request(R"({"model": "m", "input": "hi", "instructions": "be brief", "max_output_tokens": 9})");
   ASSERT_EQ(r.chat.messages.size(), 2u);
   EXPECT_EQ(r.chat.messages[0], Json({{"role", "system"}, {"content", "be brief"}}));
   EXPECT_EQ(r.chat.messages[1], Json({{"role", "user"}, {"content", "hi"}}));
@@ -33,7 +34,7 @@ TEST(ServerResponses, StringInputAndInstructions) {
 }
 
 TEST(ServerResponses, ItemsBecomeChatMessages) {
-  const auto r = parse(R"({"input": [
+  const auto r = parse_request(R"({"input": [
       {"role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
       {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
       {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}]},
@@ -62,7 +63,7 @@ TEST(ServerResponses, ItemsBecomeChatMessages) {
 }
 
 TEST(ServerResponses, PreviousConversationGoesAfterTheInstructions) {
-  auto r = parse(R"({"input": [{"type": "function_call_output", "call_id": "c1", "output": "18C"}],
+  auto r = parse_request(R"({"input": [{"type": "function_call_output", "call_id": "c1", "output": "18C"}],
                      "instructions": "new rules", "previous_response_id": "resp_x"})");
   prepend_conversation(r, Json::parse(R"([{"role": "user", "content": "weather?"},
       {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": {}}}]}])"));
@@ -73,17 +74,17 @@ TEST(ServerResponses, PreviousConversationGoesAfterTheInstructions) {
 }
 
 TEST(ServerResponses, Validation) {
-  expect_400([] { parse(R"({"model": "m"})"); }, "input");
-  expect_400([] { parse(R"({"input": 3})"); }, "input");
-  expect_400([] { parse(R"({"input": [{"role": "robot", "content": "x"}]})"); }, "input[0].role");
-  expect_400([] { parse(R"({"input": [{"type": "function_call", "name": "x"}]})"); }, "input[0].call_id");
-  expect_400([] { parse(R"({"input": [{"type": "function_call_output", "call_id": "c"}]})"); }, "input[0].output");
-  expect_400([] { parse(R"({"input": [{"type": "item_reference", "id": "x"}]})"); }, "input[0].type");
-  expect_400([] { parse(R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})"); }, "input[0].content[0].type");
-  expect_400([] { parse(R"({"input": "x", "tool_choice": "required"})"); }, "tool_choice");
-  expect_400([] { parse(R"({"input": "x", "tools": [{"type": "function", "name": "a"}], "tool_choice": {"type": "function", "name": "b"}})"); }, "tool_choice.name");
-  expect_400([] { parse(R"({"input": "x", "max_output_tokens": 0})"); }, "max_output_tokens");
-  expect_400([] { parse(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})"); }, "text.format.type");
+  expect_400_param([] { parse_request(R"({"model": "m"})"); }, "input");
+  expect_400_param([] { parse_request(R"({"input": 3})"); }, "input");
+  expect_400_param([] { parse_request(R"({"input": [{"role": "robot", "content": "x"}]})"); }, "input[0].role");
+  expect_400_param([] { parse_request(R"({"input": [{"type": "function_call", "name": "x"}]})"); }, "input[0].call_id");
+  expect_400_param([] { parse_request(R"({"input": [{"type": "function_call_output", "call_id": "c"}]})"); }, "input[0].output");
+  expect_400_param([] { parse_request(R"({"input": [{"type": "item_reference", "id": "x"}]})"); }, "input[0].type");
+  expect_400_param([] { parse_request(R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})"); }, "input[0].content[0].type");
+  expect_400_param([] { parse_request(R"({"input": "x", "tool_choice": "required"})"); }, "tool_choice");
+  expect_400_param([] { parse_request(R"({"input": "x", "tools": [{"type": "function", "name": "a"}], "tool_choice": {"type": "function", "name": "b"}})"); }, "tool_choice.name");
+  expect_400_param([] { parse_request(R"({"input": "x", "max_output_tokens": 0})"); }, "max_output_tokens");
+  expect_400_param([] { parse_request(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})"); }, "text.format.type");
 }
 
 struct Event {
@@ -147,7 +148,7 @@ TEST(ServerResponses, OutputItemsAndEvents) {
 }
 
 TEST(ServerResponses, ResponseObjectAndUsage) {
-  const auto r = parse(R"({"input": "x", "max_output_tokens": 5, "temperature": 0.5, "metadata": {"k": "v"}})");
+  const auto r = parse_request(R"({"input": "x", "max_output_tokens": 5, "temperature": 0.5, "metadata": {"k": "v"}})");
   const Json o = response_object("resp_1", 1700000000, "m", r, Json::array(),
                                  ResponseStatus{.status = "incomplete", .incomplete_reason = "max_output_tokens"},
                                  UsageCounts{.prompt_tokens = 10, .completion_tokens = 5, .cached_tokens = 4}, 2);

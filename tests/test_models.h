@@ -25,6 +25,9 @@ namespace spill::testing {
 // Threads of the CPU runner in tests that run these models: two, the CI machine's cores.
 inline constexpr int kTestThreads = 2;
 
+// The bundled trained model, models/spill-tiny of the checkout the tests were built from.
+inline std::string spill_tiny_dir() { return std::string(SPILL_SOURCE_DIR) + "/models/spill-tiny"; }
+
 struct RandomModelParams {
   // qwen3_moe when n_experts > 0, else qwen3 (dense).
   int64_t vocab_size = 256;

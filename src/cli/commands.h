@@ -3,6 +3,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "cli/model_path.h"
+
 namespace spill::cli {
 
 // Each adds a subcommand to app; the subcommand's callback does the work and may throw
@@ -24,9 +26,5 @@ void add_seats_command(CLI::App& app);
 // A byte-size flag: a count of bytes, or a whole number with a binary unit (512M, 8G, 8GiB,
 // 1T; K = 1024). Zero and negative sizes are refused. One parser for every command.
 CLI::Option* add_size_option(CLI::App* cmd, const std::string& name, int64_t& bytes, const std::string& help);
-
-// The model folder used when --model is not given: models/spill-tiny next to the installed
-// executable or in the source tree it was built from.
-std::string default_model_dir();
 
 }  // namespace spill::cli

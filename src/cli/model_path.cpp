@@ -1,9 +1,10 @@
+#include "cli/model_path.h"
+
 #include <unistd.h>
 
 #include <filesystem>
 #include <vector>
 
-#include "cli/commands.h"
 #include "core/error.h"
 
 namespace spill::cli {
