@@ -81,6 +81,26 @@ struct StepResult {
   std::vector<SampledRow> rows;  // one per logit row of the batch, in logit-row order
 };
 
+// Where a runner's routed-expert reads went, counted since it started (for /metrics and logs).
+// A runner without expert placement reports the routings only; the CUDA runner with an expert plan
+// reports its host reads and VRAM expert cache too.
+struct ExpertTraffic {
+  int64_t tokens = 0;          // tokens run through the MoE layers (each token once, not per layer)
+  int64_t routings = 0;        // (token, slot) pairs over all MoE layers
+  int64_t host_routings = 0;   // of which to an expert read in place from host RAM
+  int64_t cache_routings = 0;  // of which to a host expert served from the VRAM expert cache
+  int64_t host_bytes = 0;      // expert bytes read over PCIe (a touched host expert once per step)
+  int64_t cache_copies = 0;    // host experts copied into the VRAM expert cache
+  int64_t cache_copy_bytes = 0;
+  int64_t cache_evictions = 0;
+  double step_seconds = 0;     // host wall time of the steps these counts are of
+  // Gauges: where the routed experts live now.
+  int64_t vram_expert_bytes = 0;  // placed in VRAM by the plan (or all, without one)
+  int64_t host_expert_bytes = 0;  // placed in host RAM by the plan
+  int64_t cache_bytes = 0;        // the VRAM expert cache's slots
+  int64_t cache_slots = 0, cache_slots_used = 0;
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -103,6 +123,10 @@ class ModelRunner {
   // overrides it to sample on the device, with these samplers as the exact reference.
   virtual void forward_sample(const ForwardBatch& batch, std::span<SequenceSampler* const> samplers, StepResult& out,
                               ForwardObserver* observer = nullptr);
+
+  // Counts of the routed experts' reads so far. Called on the thread that runs the steps, between
+  // steps. A runner of a model without routed experts returns zeros.
+  virtual ExpertTraffic expert_traffic() const { return {}; }
 
  protected:
   // Samples each row of host logits ([samplers.size(), vocab]) into out: forward_sample's host half.
