@@ -622,6 +622,90 @@ TEST(CudaRunnerModels, ExpertsInHostRamGiveTheLogitsOfExpertsInVram) {
   }
 }
 
+// The VRAM expert cache: with every routed expert in host RAM and slots for a few of them, greedy
+// decode gives exactly the logits of all experts in VRAM while copies land and entries switch
+// (the same kernels read the same bytes, from a slot or from host RAM); the MoE kernels' counters
+// count every routing (tokens x top-k x MoE layers) and, without a cache, the host bytes of a
+// one-token step are its top-k experts' bytes in every MoE layer.
+TEST(CudaRunnerModels, ExpertCacheKeepsTheLogitsAndCountsEveryRouting) {
+  SPILL_SKIP_WITHOUT_GPU();
+  TempDir dir("spill-cuda-runner-expert-cache");
+  write_random_model(dir.path(), RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 3, .n_heads = 4,
+                                                   .n_kv_heads = 2, .head_dim = 64, .n_experts = 8,
+                                                   .n_experts_per_token = 2, .moe_intermediate_size = 256,
+                                                   .intermediate_size = 512, .dense_layers = {0}, .seed = 29});
+  auto model = Model::load(dir.path());
+  QuantRequest request;
+  request.quant = "experts=q4_k,attention=q8_0,dense=q8_0,head=q8_0,embed=q8_0";
+  quantize_as_asked(*model, request);
+  const int64_t moe_layers = 2, top_k = 2;
+  const LayerWeights& w1 = model->layers[1];
+  const int64_t expert_bytes = int64_t(w1.experts[0].gate.nbytes() + w1.experts[0].up.nbytes() + w1.experts[0].down.nbytes());
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, 17);
+  const int decode_steps = 40;
+  struct Run {
+    std::vector<float> logits;
+    ExpertTraffic after_prefill, end;
+  };
+  auto run = [&](std::optional<offload::PlacementPlan> plan, int64_t cache_bytes) {
+    CudaRunnerConfig c;
+    c.kv = {.block_size = 16, .n_blocks = n_blocks};
+    c.max_batch_tokens = 64;
+    c.max_seqs = 4;
+    c.kv_dtype = DType::F32;
+    c.expert_plan = std::move(plan);
+    c.expert_cache_bytes = cache_bytes;
+    auto gpu = make_cuda_runner(*model, c);
+    Run r;
+    std::vector<float> lg;
+    const std::vector<int32_t> prompt = {5, 60, 222, 9, 301, 44, 17};
+    gpu->forward(s.make({{0, prompt, 0}}, false), lg);
+    r.logits = lg;
+    r.after_prefill = gpu->expert_traffic();
+    EXPECT_EQ(r.after_prefill.tokens, int64_t(prompt.size()));
+    EXPECT_EQ(r.after_prefill.routings, int64_t(prompt.size()) * top_k * moe_layers);
+    int32_t pos = int32_t(prompt.size());
+    for (int step = 0; step < decode_steps; ++step) {
+      const int32_t next = argmax(lg.data(), 512);
+      gpu->forward(s.make({{0, {next}, pos++}}, false), lg);
+      r.logits.insert(r.logits.end(), lg.begin(), lg.end());
+    }
+    r.end = gpu->expert_traffic();
+    EXPECT_EQ(r.end.tokens - r.after_prefill.tokens, decode_steps);
+    EXPECT_EQ(r.end.routings - r.after_prefill.routings, int64_t(decode_steps) * top_k * moe_layers);
+    return r;
+  };
+  const Run vram = run(std::nullopt, 0);
+  EXPECT_EQ(vram.end.host_routings, 0);
+  EXPECT_EQ(vram.end.host_bytes, 0);
+  EXPECT_EQ(vram.end.vram_expert_bytes, moe_layers * 8 * expert_bytes);
+
+  const offload::PlacementPlan all_host = offload::uniform_plan_for(*model, 1.0, 3);
+  const Run host = run(all_host, 0);
+  EXPECT_EQ(std::memcmp(host.logits.data(), vram.logits.data(), vram.logits.size() * 4), 0);
+  EXPECT_EQ(host.end.host_routings, host.end.routings);
+  EXPECT_EQ(host.end.host_bytes - host.after_prefill.host_bytes, int64_t(decode_steps) * top_k * moe_layers * expert_bytes);
+  EXPECT_EQ(host.end.cache_routings, 0);
+
+  // Six slots for sixteen host experts: the cache fills and serves, the logits stay.
+  const Run cached = run(all_host, 6 * 256 * ((expert_bytes + 3 * 256) / 256));
+  ASSERT_EQ(cached.logits.size(), vram.logits.size());
+  EXPECT_EQ(std::memcmp(cached.logits.data(), vram.logits.data(), vram.logits.size() * 4), 0);
+  EXPECT_EQ(cached.end.cache_slots, 6);
+  EXPECT_GT(cached.end.cache_copies, 0);
+  EXPECT_LE(cached.end.cache_slots_used, cached.end.cache_slots);
+  EXPECT_GT(cached.end.cache_routings, 0);
+  EXPECT_EQ(cached.end.cache_routings + cached.end.host_routings, cached.end.routings);
+  EXPECT_LT(cached.end.host_bytes, host.end.host_bytes);
+  EXPECT_EQ(cached.end.cache_copy_bytes, cached.end.cache_copies * expert_bytes);
+  std::printf("[ measure ] expert cache, 6 slots: %lld copies, %lld evictions, served %lld of %lld routings; host "
+              "bytes %lld (without the cache %lld)\n",
+              (long long)cached.end.cache_copies, (long long)cached.end.cache_evictions,
+              (long long)cached.end.cache_routings, (long long)cached.end.routings, (long long)cached.end.host_bytes,
+              (long long)host.end.host_bytes);
+}
+
 // A plan the runner cannot take is refused by name: one that puts a layer on another GPU.
 TEST(CudaRunnerModels, ExpertPlansForOtherGpusAreRefusedClearly) {
   SPILL_SKIP_WITHOUT_GPU();

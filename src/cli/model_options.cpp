@@ -52,6 +52,9 @@ void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) 
   cmd->add_option("--host-experts", placement.host_experts,
                   "with --gpu-mem: at least this share of the routed experts in host RAM, e.g. 30%");
   cmd->add_option("--host-mem", placement.host_mem, "with --gpu-mem: pinned host RAM the plan may use (default: not limited)");
+  cmd->add_option("--expert-cache-mem", placement.expert_cache_mem,
+                  "with --gpu-mem or --plan: VRAM for a cache of the host experts live traffic reads most (e.g. 4G; "
+                  "taken from --gpu-mem); hit rates in /metrics");
 }
 
 CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device) {

@@ -48,6 +48,9 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
     // The KV pool takes what --gpu-mem leaves (unless --kv-mem or a block count says otherwise).
     if (options.kv.bytes == 0 && options.kv.blocks == 0) config.kv_budget_bytes = planned.kv_budget_bytes;
   }
+  config.expert_cache_bytes = options.placement.expert_cache_bytes();
+  if (config.expert_cache_bytes > 0 && !config.expert_plan)
+    fail("--expert-cache-mem caches experts that live in host RAM: give --gpu-mem (or --plan) so that some do");
   return make_cuda_runner(model, config);
 }
 // ===============================================================================================
@@ -99,8 +102,8 @@ DeviceChoice resolve_device(const DeviceChoice& choice) {
 std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options) {
   const DeviceChoice device = resolve_device(options.device);
   if (device.device == Device::Cuda) return open_cuda_runner(model, options, device.cuda_index);
-  if (options.placement.requested())
-    fail("--gpu-mem / --host-experts / --host-mem plan which experts a GPU reads from host RAM; on --device cpu every "
+  if (options.placement.requested() || !options.placement.expert_cache_mem.empty())
+    fail("--gpu-mem / --host-experts / --host-mem / --expert-cache-mem plan which experts a GPU reads from host RAM; on --device cpu every "
          "weight is in host RAM already (drop them, or run on cuda)");
   if (!options.expert_plan.empty())
     fail("--plan {}: a placement plan says which experts a GPU reads from host RAM; on --device cpu every weight is "

@@ -67,6 +67,10 @@ PlacementPlan plan_from_outcome(const placement::PlanOutcome& outcome) {
   return parse_plan(placement::plan_to_json(outcome), "the start-up plan");
 }
 
+int64_t StartupPlacement::expert_cache_bytes() const {
+  return expert_cache_mem.empty() ? 0 : placement::parse_byte_size(expert_cache_mem, "--expert-cache-mem");
+}
+
 StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, int64_t max_seqs, int64_t max_model_len,
                             int64_t max_batch_tokens, int64_t kv_mem) {
   using namespace placement;
@@ -79,6 +83,12 @@ StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, i
   req.types = dominant_types(model);
   req.kv_format = KvFormat::BF16;  // the CUDA runner's KV cache
   req.gpu_mem = {parse_byte_size(flags.gpu_mem, "--gpu-mem")};
+  if (const int64_t cache = flags.expert_cache_bytes(); cache > 0) {
+    if (cache >= req.gpu_mem[0])
+      fail("--expert-cache-mem {} is all of --gpu-mem {}: the cache comes out of the GPU budget; give it less",
+           flags.expert_cache_mem, flags.gpu_mem);
+    req.gpu_mem[0] -= cache;
+  }
   if (!flags.host_mem.empty()) req.host_mem = parse_byte_size(flags.host_mem, "--host-mem");
   if (!flags.host_experts.empty()) req.min_host_fraction = parse_share(flags.host_experts, "--host-experts");
   if (kv_mem > 0) {

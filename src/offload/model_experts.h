@@ -38,7 +38,11 @@ struct StartupPlacement {
   std::string gpu_mem{};     // --gpu-mem: what spill may use of the GPU (weights, KV, workspace)
   std::string host_experts{};  // --host-experts: at least this share of the routed experts in host RAM
   std::string host_mem{};    // --host-mem: pinned host RAM the plan may use
+  // --expert-cache-mem: VRAM for the expert cache (offload/expert_cache.h), with --gpu-mem or --plan;
+  // with --gpu-mem it comes out of that budget before the plan is made.
+  std::string expert_cache_mem{};
   bool requested() const { return !gpu_mem.empty() || !host_experts.empty() || !host_mem.empty(); }
+  int64_t expert_cache_bytes() const;  // 0 when not given; throws spill::Error for a bad size
 };
 struct StartupPlan {
   PlacementPlan plan;

@@ -10,6 +10,11 @@
 //
 // Usage: cuda_decode_bench [--shape s30.json] [--quant MIX] [--batches 1,4,8] [--context N]
 //                          [--steps N] [--ceiling GBps] [--layers N]
+//                          [--host-share F | --plan FILE] [--expert-cache-mem BYTES] [--routing-skew zipf:S]
+//                          [--warmup N]
+// With host experts, the host bytes each step read are also measured (the runner's expert
+// traffic counters) beside the prediction from the observed step's routing; with the expert cache,
+// --warmup decode steps (default 300) run before the timed ones, so the cache has filled.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +34,7 @@
 #include "model/runner.h"
 #include "offload/model_experts.h"
 #include "offload/plan_file.h"
+#include "placement/memory.h"
 #include "sampling/sampler.h"
 
 using namespace spill;
@@ -50,6 +56,9 @@ struct Args {
   bool host_logits = false;
   double host_share = 0;  // > 0: this share of every MoE layer's experts in host RAM (a uniform plan)
   std::string plan;       // a placement plan file (spill plan --out) instead
+  std::string cache_mem;  // --expert-cache-mem
+  std::string routing_skew;
+  int warmup = -1;        // decode steps before the timed ones (-1: 300 with a cache, else 0)
 };
 
 // Counts distinct routed experts per layer.
@@ -81,6 +90,9 @@ int main(int argc, char** argv) {
     else if (f == "--model") a.model = next();
     else if (f == "--host-share") a.host_share = std::atof(next().c_str());
     else if (f == "--plan") a.plan = next();
+    else if (f == "--expert-cache-mem") a.cache_mem = next();
+    else if (f == "--routing-skew") a.routing_skew = next();
+    else if (f == "--warmup") a.warmup = std::atoi(next().c_str());
     else if (f == "--quant") a.quant = next();
     else if (f == "--context") a.context = std::atoi(next().c_str());
     else if (f == "--steps") a.steps = std::atoi(next().c_str());
@@ -122,13 +134,15 @@ int main(int argc, char** argv) {
     cli::ModelFlags flags;
     flags.synthetic = shape_path;
     flags.quant = a.quant;
+    flags.routing_skew = a.routing_skew;
     const auto t0 = std::chrono::steady_clock::now();
     // --model: a real file (a GGUF as published, or the random-weight GGUF a peer is measured on).
     auto model = a.model.empty() ? cli::open_synthetic_model(flags, 0, false, true) : Model::load(a.model);
     const ModelSpec& spec = model->spec();
     const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
     const int32_t bs = 16;
-    const int32_t blocks_per_seq = (a.context + a.steps + 2 + bs - 1) / bs;
+    const int warmup = a.warmup >= 0 ? a.warmup : !a.cache_mem.empty() ? 300 : 0;
+    const int32_t blocks_per_seq = (a.context + warmup + a.steps + 2 + bs - 1) / bs;
     CudaRunnerConfig config;
     config.kv = {.block_size = bs, .n_blocks = int64_t(blocks_per_seq) * max_b};
     config.max_batch_tokens = std::max<int64_t>(512, max_b);
@@ -138,6 +152,7 @@ int main(int argc, char** argv) {
     config.cuda_graphs = a.graphs;
     if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
     else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
+    if (!a.cache_mem.empty()) config.expert_cache_bytes = placement::parse_byte_size(a.cache_mem, "--expert-cache-mem");
     auto runner = make_cuda_runner(*model, config);
     const CudaRunnerStats st = cuda_runner_stats(*runner);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -164,6 +179,7 @@ int main(int argc, char** argv) {
                   "them at HBM speed)\n%s\n",
                   config.expert_plan->where.c_str(), st.vram_expert_bytes / 1073741824.0,
                   st.host_expert_bytes / 1073741824.0, st.expert_store_summary.c_str());
+    if (config.expert_cache_bytes > 0) std::printf("%s\n", runner->describe().c_str());
     std::printf("roofline: bytes per step / %.0f GB/s; non-expert weights %.1f MB per step, %.2f MB per expert\n\n",
                 a.ceiling_gbps, dense_bytes / 1e6, expert_bytes / 1e6);
     std::printf("%6s %10s %12s %12s %10s %10s %12s %10s %9s\n", "batch", "ms/step", "tok/s/strm", "tok/s total",
@@ -225,6 +241,11 @@ int main(int argc, char** argv) {
       std::vector<SequenceSampler*> sampler_ptrs;
       for (auto& sm : samplers) sampler_ptrs.push_back(&sm);
       StepResult sampled;
+      for (int s = 0; s < warmup; ++s) {
+        runner->forward_sample(decode_batch(pos), sampler_ptrs, sampled);
+        ++pos;
+      }
+      const ExpertTraffic before = runner->expert_traffic();
       std::vector<double> ms;
       for (int s = 0; s < a.steps; ++s) {
         const ForwardBatch fb = decode_batch(pos);
@@ -234,6 +255,7 @@ int main(int argc, char** argv) {
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
         ++pos;
       }
+      const ExpertTraffic after_steps = runner->expert_traffic();
       std::sort(ms.begin(), ms.end());
       const double step_ms = ms[ms.size() / 2];
       const int64_t bytes = dense_bytes + distinct * expert_bytes + int64_t(B) * (pos - 1) * kv_token_bytes;
@@ -254,6 +276,25 @@ int main(int argc, char** argv) {
                     host_bytes / 1e6, a.ceiling_gbps, a.pcie_gbps);
       std::printf("%6d %10.3f %12.1f %12.1f %10.1f %10.1f %12.3f %10.1f %8.1f%%\n", B, step_ms, 1e3 / step_ms,
                   B * 1e3 / step_ms, experts_per_layer, bytes / 1e6, roof_ms, 1e3 / roof_ms, 100 * roof_ms / step_ms);
+      if (config.expert_plan) {
+        // What the timed steps read, counted by the MoE kernels themselves.
+        const double steps = double(a.steps), tokens = double(after_steps.tokens - before.tokens);
+        const double host_mb = double(after_steps.host_bytes - before.host_bytes) / steps / 1e6;
+        const int64_t host_r = after_steps.host_routings - before.host_routings;
+        const int64_t cache_r = after_steps.cache_routings - before.cache_routings;
+        const int64_t all_r = after_steps.routings - before.routings;
+        const double measured_roof_ms =
+            (double(bytes) - host_bytes) / (a.ceiling_gbps * 1e9) * 1e3 + host_mb * 1e6 / (a.pcie_gbps * 1e9) * 1e3;
+        std::printf("       measured: %.1f MB over PCIe per step (predicted %.1f), host routings %.1f%% of %.1f per "
+                    "token, cache served %.1f%% of host-expert routings (%lld slots used of %lld, %lld copies, %lld "
+                    "evictions so far); roofline at the measured host bytes %.3f ms (%.1f%% achieved)\n",
+                    host_mb, host_bytes / 1e6, all_r ? 100.0 * double(host_r) / double(all_r) : 0.0,
+                    tokens > 0 ? double(all_r) / tokens : 0.0,
+                    host_r + cache_r ? 100.0 * double(cache_r) / double(host_r + cache_r) : 0.0,
+                    (long long)after_steps.cache_slots_used, (long long)after_steps.cache_slots,
+                    (long long)after_steps.cache_copies, (long long)after_steps.cache_evictions, measured_roof_ms,
+                    100 * measured_roof_ms / step_ms);
+      }
       if (a.profile) {
         const CudaRunnerStats ps = cuda_runner_stats(*runner);
         double total = 0;

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
 #include "model/model.h"
+#include "offload/expert_cache.h"
 #include "offload/model_experts.h"
 #include "sampling/sampling_math.h"
 
@@ -112,6 +114,7 @@ struct DeviceLayer {
   DType expert_gate_up_type = DType::F32, expert_down_type = DType::F32;
   const cuda::ExpertWeights* expert_table = nullptr;  // device [n_experts]: the runner's, or the store's
   cuda::MoePlan moe_plan;                        // block-format experts
+  int64_t moe_index = -1;                        // among the MoE layers
 };
 
 class CudaRunner final : public ModelRunner {
@@ -120,6 +123,10 @@ class CudaRunner final : public ModelRunner {
   ~CudaRunner() override {
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    cache_.reset();  // its copies finish before the store's pages go
+    for (cudaEvent_t e : {counts_fork_, counts_join_})
+      if (e) cudaEventDestroy(e);
+    if (counts_stream_) cudaStreamDestroy(counts_stream_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -141,6 +148,7 @@ class CudaRunner final : public ModelRunner {
   const KvCacheConfig& kv_config() const override { return config_.kv; }
   const RunnerLimits& limits() const override { return limits_; }
   std::string describe() const override;
+  ExpertTraffic expert_traffic() const override;
   void forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) override;
   // Samples on the device (cuda::SamplingPlan, the samplers as its exact reference): only the
   // sampled ids and logprobs come back to the host.
@@ -153,6 +161,8 @@ class CudaRunner final : public ModelRunner {
   void build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts);
   // Builds the expert store from config_.expert_plan and points each MoE layer at its table.
   void place_experts(const Model& model);
+  // The routed-expert counters the MoE kernels add to, and (config.expert_cache_bytes) the cache.
+  void prepare_expert_counts();
 
  private:
   struct Uploader;
@@ -177,6 +187,9 @@ class CudaRunner final : public ModelRunner {
   // With config.profile_ops: an event after each op; the time since the previous mark is the op's.
   void mark(const char* op);
   void collect_profile();
+  // After a step has finished (the stream idle): the step's expert counts into traffic_, then the
+  // expert cache's turn.
+  void after_step(int64_t n_tokens, double seconds);
 
   const Model& model_;
   ModelSpec spec_;
@@ -215,6 +228,20 @@ class CudaRunner final : public ModelRunner {
   int64_t logit_rows_per_pass_ = 0;
   std::unique_ptr<cuda::SamplingPlan> sampling_;  // for logit_rows_per_pass_ rows
   std::unique_ptr<offload::ExpertStore> store_;   // the routed experts, when placed by a plan
+  std::unique_ptr<offload::ExpertCache> cache_;   // VRAM slots for hot host experts (config.expert_cache_bytes)
+  // Routed-expert counters (block-format experts): [moe layers][n_experts] routings, then as many
+  // touches, added to by the MoE kernels and never reset on the device; copied to the host on a
+  // branch of each step that runs beside the final norm and LM head, so the copy adds no time.
+  DeviceAlloc counts_dev_;
+  PinnedAlloc counts_host_;
+  std::vector<uint32_t> counts_seen_, counts_delta_;
+  cudaStream_t counts_stream_ = nullptr;
+  cudaEvent_t counts_fork_ = nullptr, counts_join_ = nullptr;
+  std::vector<int32_t> moe_index_;      // [n_layers]: the layer's index among MoE layers, -1 dense
+  std::vector<int64_t> moe_layer_;      // [moe layers]: the model layer
+  std::vector<int64_t> expert_bytes_;   // [moe layers]: one expert's gate + up + down bytes
+  std::vector<uint8_t> host_home_;      // [moe layers][n_experts]: the plan puts it in host RAM
+  ExpertTraffic traffic_;
   int64_t attn_tokens_per_call_ = 0;
 
   // Step metadata, host (pinned) and device, at fixed offsets sized by the config's limits.
@@ -369,6 +396,7 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "CUDA runner: creating a stream");
 
   upload_weights(model);
+  prepare_expert_counts();
   allocate_workspace();
   // The device sampler's scratch (12 bytes per logit per row), before the KV pool takes the rest.
   // Its integer masses cover vocabularies up to kMaxSampledVocab; a larger one samples on the host.
@@ -761,6 +789,12 @@ void CudaRunner::experts(const DeviceLayer& d, const float* x, int64_t n, float*
       a.weights = route_weights_ + t0 * K;
       a.out = out + t0 * H;
       a.workspace = moe_workspace_;
+      if (counts_dev_.ptr) {
+        const int64_t E = spec_.n_experts, M = int64_t(moe_layer_.size());
+        uint32_t* counts = counts_dev_.as<uint32_t>() + d.moe_index * E;
+        a.routings = counts;
+        a.touches = counts + M * E;
+      }
       cuda::moe_experts(d.moe_plan, a, stream_);
       launches_ += cuda::moe_launches(nt);
     }
@@ -792,9 +826,11 @@ void CudaRunner::observe(ForwardObserver* observer, const char* name, int layer,
 }
 
 void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
+  const auto t0 = std::chrono::steady_clock::now();
   run_step(batch, observer, &logits);
   check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
   if (config_.profile_ops) collect_profile();
+  after_step(batch.n_tokens(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void CudaRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSampler* const> samplers, StepResult& out,
@@ -806,12 +842,17 @@ void CudaRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSam
     ModelRunner::forward_sample(batch, samplers, out, observer);
     return;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t rows = run_step(batch, observer, nullptr);
   if (rows > logit_rows_per_pass_)
     fail("forward_sample: {} logit rows exceed one pass of the LM head ({}) (internal error)", rows, logit_rows_per_pass_);
   out.rows.resize(size_t(rows));
+  auto finished = [&] {
+    after_step(batch.n_tokens(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
   if (rows == 0) {
     check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
+    finished();
     return;
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -821,6 +862,7 @@ void CudaRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSam
   sampling_->launch(logits_dev_, int32_t(rows), stream_);
   const std::span<const cuda::GpuSampledToken> picked = sampling_->finish(stream_);
   if (config_.profile_ops) collect_profile();
+  finished();
   for (int64_t r = 0; r < rows; ++r) {
     SampledRow& row = out.rows[size_t(r)];
     SequenceSampler& sampler = *samplers[size_t(r)];
@@ -1075,6 +1117,15 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
     }
   }
 
+  // The expert counters to the host, beside the final norm and LM head (joined at the end).
+  if (counts_dev_.ptr) {
+    check(cudaEventRecord(counts_fork_, stream_), "CUDA runner: ordering the expert counts");
+    check(cudaStreamWaitEvent(counts_stream_, counts_fork_, 0), "CUDA runner: ordering the expert counts");
+    check(cudaMemcpyAsync(counts_host_.ptr, counts_dev_.ptr, counts_seen_.size() * 4, cudaMemcpyDeviceToHost, counts_stream_),
+          "CUDA runner: copying the expert counts");
+    check(cudaEventRecord(counts_join_, counts_stream_), "CUDA runner: ordering the expert counts");
+  }
+
   // ---- final norm and LM head on the rows that want logits, a pass of logit_rows_per_pass_ at a time ----
   for (int64_t r0 = 0; r0 < R; r0 += logit_rows_per_pass_) {
     const int64_t nr = std::min(logit_rows_per_pass_, R - r0);
@@ -1089,6 +1140,89 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
       check(cudaMemcpyAsync(logits->data() + r0 * V, logits_dev_, size_t(nr * V) * 4, cudaMemcpyDeviceToHost, stream_),
             "CUDA runner: copying logits");
   }
+  if (counts_dev_.ptr) check(cudaStreamWaitEvent(stream_, counts_join_, 0), "CUDA runner: ordering the expert counts");
+}
+
+void CudaRunner::prepare_expert_counts() {
+  const int64_t E = spec_.n_experts;
+  moe_index_.assign(size_t(spec_.n_layers), -1);
+  for (int64_t l = 0; l < spec_.n_layers; ++l) {
+    DeviceLayer& d = layers_[size_t(l)];
+    if (!d.moe) continue;
+    d.moe_index = int64_t(moe_layer_.size());
+    moe_index_[size_t(l)] = int32_t(d.moe_index);
+    moe_layer_.push_back(l);
+    const int64_t I = spec_.moe_intermediate_size, H = spec_.hidden_size;
+    expert_bytes_.push_back(2 * I * row_bytes(d.expert_gate_up_type, H) + H * row_bytes(d.expert_down_type, I));
+    for (int64_t e = 0; e < E; ++e)
+      host_home_.push_back(store_ && store_->home(l, e) != offload::Home::Vram ? 1 : 0);
+  }
+  if (config_.expert_cache_bytes > 0 && !store_)
+    fail("CUDA runner: an expert cache (--expert-cache-mem) caches experts the plan puts in host RAM; there are none "
+         "without a plan (--gpu-mem or --plan)");
+  if (moe_layer_.empty() || !moe_blocks_) return;  // float experts are not counted (and never placed)
+  const size_t n = 2 * moe_layer_.size() * size_t(E);
+  counts_dev_.allocate(n * 4, "the routed-expert counters");
+  check(cudaMemsetAsync(counts_dev_.ptr, 0, n * 4, stream_), "CUDA runner: zeroing the routed-expert counters");
+  counts_host_.reserve(n * 4);
+  std::memset(counts_host_.ptr, 0, n * 4);
+  counts_seen_.assign(n, 0);
+  counts_delta_.assign(n, 0);
+  check(cudaStreamCreateWithFlags(&counts_stream_, cudaStreamNonBlocking), "CUDA runner: creating a stream");
+  check(cudaEventCreateWithFlags(&counts_fork_, cudaEventDisableTiming), "CUDA runner: creating an event");
+  check(cudaEventCreateWithFlags(&counts_join_, cudaEventDisableTiming), "CUDA runner: creating an event");
+  if (config_.expert_cache_bytes > 0) {
+    cache_ = offload::ExpertCache::build(*store_, config_.expert_cache_bytes, {});
+    weight_bytes_ += cache_->report().bytes;
+  }
+}
+
+void CudaRunner::after_step(int64_t n_tokens, double seconds) {
+  if (moe_layer_.empty()) return;
+  traffic_.tokens += n_tokens;
+  traffic_.step_seconds += seconds;
+  if (!counts_dev_.ptr) return;
+  const auto* now = static_cast<const uint32_t*>(counts_host_.ptr);
+  for (size_t i = 0; i < counts_seen_.size(); ++i) {
+    counts_delta_[i] = now[i] - counts_seen_[i];  // unsigned: a counter that wrapped still differences right
+    counts_seen_[i] = now[i];
+  }
+  const int64_t E = spec_.n_experts, M = int64_t(moe_layer_.size());
+  const uint32_t* routings = counts_delta_.data();
+  const uint32_t* touches = counts_delta_.data() + M * E;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t e = 0; e < E; ++e) {
+      const size_t i = size_t(m * E + e);
+      traffic_.routings += routings[i];
+      if (!host_home_[i]) continue;
+      if (cache_ && cache_->served(int32_t(m), int32_t(e))) {
+        traffic_.cache_routings += routings[i];
+      } else {
+        traffic_.host_routings += routings[i];
+        traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(m)];
+      }
+    }
+  if (cache_) cache_->after_step({touches, size_t(M * E)}, 1, stream_);
+}
+
+ExpertTraffic CudaRunner::expert_traffic() const {
+  ExpertTraffic t = traffic_;
+  if (store_) {
+    t.vram_expert_bytes = store_->report().vram_bytes;
+    t.host_expert_bytes = store_->report().host_bytes();
+  } else {
+    for (int64_t b : expert_bytes_) t.vram_expert_bytes += b * spec_.n_experts;
+  }
+  if (cache_) {
+    const offload::ExpertCacheReport c = cache_->report();
+    t.cache_copies = c.copies;
+    t.cache_copy_bytes = c.copy_bytes;
+    t.cache_evictions = c.evictions;
+    t.cache_bytes = c.bytes;
+    t.cache_slots = c.slots;
+    t.cache_slots_used = c.slots_used;
+  }
+  return t;
 }
 
 }  // namespace
@@ -1102,9 +1236,16 @@ CudaRunnerStats cuda_runner_stats(const ModelRunner& runner) {
 std::string CudaRunner::describe() const {
   cudaDeviceProp prop{};
   const std::string name = cudaGetDeviceProperties(&prop, config_.device) == cudaSuccess ? prop.name : "?";
-  return fmt::format("cuda:{} ({}; weights {:.2f} GiB, KV {} blocks of {} in {} = {:.2f} GiB, workspace {:.2f} GiB)",
+  std::string cache;
+  if (cache_) {
+    const offload::ExpertCacheReport c = cache_->report();
+    cache = fmt::format(", expert cache {} slots of {:.1f} MiB = {:.2f} GiB", c.slots, c.slot_bytes / 1048576.0,
+                        c.bytes / 1073741824.0);
+  }
+  return fmt::format("cuda:{} ({}; weights {:.2f} GiB, KV {} blocks of {} in {} = {:.2f} GiB, workspace {:.2f} GiB{})",
                      config_.device, name, weight_bytes_ / 1073741824.0, config_.kv.n_blocks, config_.kv.block_size,
-                     kv_format_name(config_.kv.format), kv_bytes_ / 1073741824.0, workspace_bytes_ / 1073741824.0);
+                     kv_format_name(config_.kv.format), kv_bytes_ / 1073741824.0, workspace_bytes_ / 1073741824.0,
+                     cache);
 }
 
 std::unique_ptr<ModelRunner> make_cuda_runner(const Model& model, const CudaRunnerConfig& config) {

@@ -55,6 +55,9 @@ struct CudaRunnerConfig {
   // Host experts read from the model file's own pages rather than copied into pinned memory
   // (offload::ExpertStoreOptions::in_place; off by default, see docs/offload.md).
   bool experts_in_place = false;
+  // VRAM for the expert cache (offload/expert_cache.h): slots that hold copies of the host experts
+  // live traffic reads most, refilled as it changes. 0: none. Needs an expert_plan with host experts.
+  int64_t expert_cache_bytes = 0;
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).

@@ -62,6 +62,8 @@ struct MoeParams {
   float* act;       // [pairs][width]: silu(gate x) * up x per (token, slot)
   float* partial;   // [pairs][hidden]: weight * down(act) per (token, slot)
   int32_t* counters;  // [hidden tiles]
+  uint32_t* routings;  // [n_experts] or null: += pairs routed to each expert
+  uint32_t* touches;   // [n_experts] or null: += 1 for each expert with a pair
   int64_t hidden, width;
   int32_t n_experts, top_k, pairs;
   int32_t stride;   // staged row stride in shared memory
@@ -209,6 +211,11 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
   }
   const int key = shared_key;
   if (m == 0 || key < 0) return;
+  // The expert's block of row tile 0 counts it: one atomic per expert the call reads.
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (p.routings) atomicAdd(&p.routings[key], unsigned(m));
+    if (p.touches) atomicAdd(&p.touches[key], 1u);
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = int64_t(blockIdx.x) * kGateUpRows + 2 * warp;
@@ -444,6 +451,8 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
   p.act = reinterpret_cast<float*>(ws + w.act);
   p.partial = reinterpret_cast<float*>(ws + w.partial);
   p.counters = reinterpret_cast<int32_t*>(ws + w.counters);
+  p.routings = a.routings;
+  p.touches = a.touches;
   p.hidden = s.hidden;
   p.width = s.width;
   p.n_experts = s.n_experts;

@@ -79,6 +79,11 @@ struct MoeArgs {
   const float* weights = nullptr;        // [n, top_k] device routing weights
   float* out = nullptr;                  // [n, hidden], overwritten
   void* workspace = nullptr;             // plan.workspace_bytes, prepared by init_moe_workspace
+  // Optional counters, device memory, [n_experts] each, added to (never reset; unsigned wrap):
+  // routings[e] += the (token, slot) pairs routed to e, touches[e] += 1 when e has any, i.e. when
+  // the call reads its bytes. Where host-expert traffic and the VRAM expert cache get their counts.
+  uint32_t* routings = nullptr;
+  uint32_t* touches = nullptr;
 };
 
 // Enqueues the two kernels on `stream`.
