@@ -10,7 +10,8 @@
 //
 // Usage: cuda_decode_bench [--shape s30.json] [--quant MIX] [--batches 1,4,8] [--context N]
 //                          [--steps N] [--ceiling GBps] [--layers N]
-//                          [--host-share F | --plan FILE] [--expert-cache-mem BYTES] [--routing-skew zipf:S]
+//                          [--host-share F | --plan FILE | --gpu-mem BYTES] [--expert-cache-mem BYTES]
+//                          [--routing-skew zipf:S]
 //                          [--warmup N]
 // With host experts, the host bytes each step read are also measured (the runner's expert
 // traffic counters) beside the prediction from the observed step's routing; with the expert cache,
@@ -56,8 +57,10 @@ struct Args {
   bool host_logits = false;
   double host_share = 0;  // > 0: this share of every MoE layer's experts in host RAM (a uniform plan)
   std::string plan;       // a placement plan file (spill plan --out) instead
+  std::string gpu_mem;    // --gpu-mem: plan at start-up as spill serve does (the fit report is printed)
   std::string cache_mem;  // --expert-cache-mem
   std::string routing_skew;
+  bool count_experts = true;  // --no-expert-counts: measure what the MoE kernels' counters cost
   int warmup = -1;        // decode steps before the timed ones (-1: 300 with a cache, else 0)
 };
 
@@ -91,6 +94,8 @@ int main(int argc, char** argv) {
     else if (f == "--host-share") a.host_share = std::atof(next().c_str());
     else if (f == "--plan") a.plan = next();
     else if (f == "--expert-cache-mem") a.cache_mem = next();
+    else if (f == "--gpu-mem") a.gpu_mem = next();
+    else if (f == "--no-expert-counts") a.count_experts = false;
     else if (f == "--routing-skew") a.routing_skew = next();
     else if (f == "--warmup") a.warmup = std::atoi(next().c_str());
     else if (f == "--quant") a.quant = next();
@@ -150,8 +155,16 @@ int main(int argc, char** argv) {
     config.max_model_len = int64_t(blocks_per_seq) * bs;
     config.profile_ops = a.profile;
     config.cuda_graphs = a.graphs;
+    config.count_experts = a.count_experts;
     if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
     else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
+    else if (!a.gpu_mem.empty()) {
+      offload::StartupPlacement flags_mem{.gpu_mem = a.gpu_mem, .expert_cache_mem = a.cache_mem};
+      offload::StartupPlan planned =
+          offload::plan_at_startup(*model, flags_mem, max_b, config.max_model_len, config.max_batch_tokens, 0);
+      std::printf("placement at start-up (--gpu-mem %s):\n%s\n", a.gpu_mem.c_str(), planned.fit_report.c_str());
+      config.expert_plan = std::move(planned.plan);
+    }
     if (!a.cache_mem.empty()) config.expert_cache_bytes = placement::parse_byte_size(a.cache_mem, "--expert-cache-mem");
     auto runner = make_cuda_runner(*model, config);
     const CudaRunnerStats st = cuda_runner_stats(*runner);
