@@ -1,4 +1,5 @@
 // Prometheus text exposition: names, types, cumulative histogram buckets, label escaping.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <regex>
 #include <sstream>
 
+#include "placement/memory.h"
 #include "server/metrics.h"
 
 namespace spill::server {
@@ -90,6 +92,85 @@ TEST(ServerMetrics, LabelValuesAreEscaped) {
   ServerMetrics m;
   const auto s = samples(m.render({}, "we\"ird"));
   EXPECT_TRUE(s.contains("spill:num_requests_running{model_name=\"we\\\"ird\"}"));
+}
+
+// A GPU runner's traffic with host experts and a VRAM expert cache: every counter and gauge as
+// given, the derived gauges as the quotients of the counters they come from.
+TEST(ServerMetrics, ExpertSeriesCarryTheRunnersCountsAndTheirQuotients) {
+  const ExpertTraffic t{.tokens = 1000,
+                        .routings = 8000,
+                        .host_routings = 1500,
+                        .cache_routings = 500,
+                        .host_bytes = int64_t(3) << 32,  // past 2^32: no 32-bit truncation on the way
+                        .cache_copies = 40,
+                        .cache_copy_bytes = 80'000'000,
+                        .cache_evictions = 12,
+                        .step_seconds = 2.5,
+                        .vram_expert_bytes = int64_t(70) << 30,
+                        .host_expert_bytes = int64_t(150) << 30,
+                        .cache_bytes = int64_t(8) << 30,
+                        .cache_slots = 64,
+                        .cache_slots_used = 40};
+  ServerMetrics m;
+  const std::string text = m.render({.experts = t}, "moe");
+  const auto s = samples(text);
+  const std::string l = "{model_name=\"moe\"}";
+  EXPECT_EQ(s.at("spill:expert_tokens_total" + l), double(t.tokens));
+  EXPECT_EQ(s.at("spill:expert_routings_total" + l), double(t.routings));
+  EXPECT_EQ(s.at("spill:expert_host_routings_total" + l), double(t.host_routings));
+  EXPECT_EQ(s.at("spill:expert_cache_routings_total" + l), double(t.cache_routings));
+  EXPECT_EQ(s.at("spill:expert_host_read_bytes_total" + l), double(t.host_bytes));
+  EXPECT_EQ(s.at("spill:expert_cache_copies_total" + l), double(t.cache_copies));
+  EXPECT_EQ(s.at("spill:expert_cache_copy_bytes_total" + l), double(t.cache_copy_bytes));
+  EXPECT_EQ(s.at("spill:expert_cache_evictions_total" + l), double(t.cache_evictions));
+  EXPECT_EQ(s.at("spill:expert_step_seconds_total" + l), t.step_seconds);
+  EXPECT_EQ(s.at("spill:expert_bytes{model_name=\"moe\",place=\"vram\"}"), double(t.vram_expert_bytes));
+  EXPECT_EQ(s.at("spill:expert_bytes{model_name=\"moe\",place=\"host\"}"), double(t.host_expert_bytes));
+  EXPECT_EQ(s.at("spill:expert_bytes{model_name=\"moe\",place=\"cache\"}"), double(t.cache_bytes));
+  EXPECT_EQ(s.at("spill:expert_cache_slots{model_name=\"moe\",state=\"total\"}"), double(t.cache_slots));
+  EXPECT_EQ(s.at("spill:expert_cache_slots{model_name=\"moe\",state=\"used\"}"), double(t.cache_slots_used));
+  EXPECT_EQ(s.at("spill:expert_host_routings_per_token" + l), double(t.host_routings) / double(t.tokens));
+  EXPECT_EQ(s.at("spill:expert_cache_hit_ratio" + l),
+            double(t.cache_routings) / double(t.cache_routings + t.host_routings));
+  EXPECT_EQ(s.at("spill:expert_host_read_bytes_per_second" + l), double(t.host_bytes) / t.step_seconds);
+  for (const char* counter : {"tokens", "routings", "host_routings", "cache_routings", "host_read_bytes",
+                              "cache_copies", "cache_copy_bytes", "cache_evictions", "step_seconds"})
+    EXPECT_NE(text.find(fmt::format("# TYPE spill:expert_{}_total counter\n", counter)), std::string::npos) << counter;
+  for (const char* gauge :
+       {"bytes", "cache_slots", "host_routings_per_token", "cache_hit_ratio", "host_read_bytes_per_second"})
+    EXPECT_NE(text.find(fmt::format("# TYPE spill:expert_{} gauge\n", gauge)), std::string::npos) << gauge;
+  // One HELP/TYPE per labelled family, not one per series.
+  size_t families = 0;
+  for (size_t at = text.find("# TYPE spill:expert_bytes gauge"); at != std::string::npos;
+       at = text.find("# TYPE spill:expert_bytes gauge", at + 1))
+    ++families;
+  EXPECT_EQ(families, 1u);
+
+  const ExpertRatios r = expert_ratios(t);
+  EXPECT_EQ(
+      expert_log_summary(t),
+      fmt::format(" experts since start: host {:.2f}/token, {}/token, cache hit {:.1f}%", r.host_routings_per_token,
+                  placement::format_bytes(int64_t(std::llround(r.host_bytes_per_token))), 100.0 * r.cache_hit_ratio));
+}
+
+// A model with routed experts and no traffic yet (or a CPU runner, which reads no host expert):
+// every series is there, the quotients 0 rather than NaN. A dense model: none of them.
+TEST(ServerMetrics, ExpertSeriesAreZeroForAnIdleMoeAndAbsentForADenseModel) {
+  ServerMetrics m;
+  const auto idle = samples(m.render({.experts = ExpertTraffic{}}, "moe"));
+  for (const char* name :
+       {"spill:expert_tokens_total", "spill:expert_routings_total", "spill:expert_host_routings_per_token",
+        "spill:expert_cache_hit_ratio", "spill:expert_host_read_bytes_per_second"})
+    EXPECT_EQ(idle.at(std::string(name) + "{model_name=\"moe\"}"), 0) << name;
+  const std::string dense = m.render({}, "dense");
+  EXPECT_EQ(dense.find("spill:expert_"), std::string::npos);
+  // The CPU runner's traffic: routings, no host expert, so no expert part in the log line.
+  EXPECT_EQ(expert_log_summary({.tokens = 10, .routings = 80, .step_seconds = 0.5}), "");
+  // Host experts and no cache: no hit rate.
+  EXPECT_EQ(expert_log_summary(
+                {.tokens = 4, .routings = 32, .host_routings = 6, .host_bytes = 3 << 20, .host_expert_bytes = 1 << 30}),
+            fmt::format(" experts since start: host {:.2f}/token, {}/token", 6.0 / 4.0,
+                        placement::format_bytes(int64_t(3 << 20) / 4)));
 }
 
 }  // namespace

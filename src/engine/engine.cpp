@@ -121,6 +121,7 @@ struct Engine::Impl {
   std::vector<SequenceSampler*> samplers;  // logit row r's sampler, rebuilt every step
   StepResult sampled;
   int64_t generated_tokens = 0, finished_count = 0, cancelled_count = 0, failed_count = 0;
+  ExpertTraffic experts;  // runner->expert_traffic(), read on this thread between steps
 
   std::shared_ptr<EngineInbox> inbox;
   const uint64_t engine_seed;
@@ -287,6 +288,9 @@ EngineMetrics Engine::metrics() const {
 void Engine::Impl::run() {
   std::string fatal;
   try {
+    // The runner's expert gauges (where its experts live) before the first step.
+    experts = runner->expert_traffic();
+    publish_metrics();
     while (drain_inbox()) {
       if (scheduler.running().empty() && scheduler.waiting().empty()) continue;
       step();
@@ -360,6 +364,7 @@ void Engine::Impl::step() {
   } catch (const DeviceFatalError&) {
     throw;  // ends the engine (run()): every open request, running or waiting, gets the error
   } catch (const std::exception& e) {
+    experts = runner->expert_traffic();
     // The step's KV writes are incomplete; those sequences cannot continue. Others are intact:
     // a step only writes the blocks of its own chunks.
     const std::string why = std::string("the model's forward failed: ") + e.what();
@@ -369,6 +374,7 @@ void Engine::Impl::step() {
     publish_metrics();
     return;
   }
+  experts = runner->expert_traffic();
   scheduler.commit(plan);
   // Before any token reaches a client, so that what a client sees never runs ahead of metrics().
   publish_metrics();
@@ -520,6 +526,7 @@ void Engine::Impl::publish_metrics() {
   m.requests_finished = finished_count;
   m.requests_cancelled = cancelled_count;
   m.requests_failed = failed_count;
+  m.experts = experts;
   {
     std::lock_guard lock(metrics_mutex);
     metrics = m;

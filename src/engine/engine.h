@@ -16,12 +16,12 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "formats/model_spec.h"
+#include "model/runner.h"
 #include "text/tokenizer.h"
 
 namespace spill {
 
 class Model;
-class ModelRunner;
 
 // submit() refuses a request because the waiting queue is full: retry later (HTTP 503), as
 // opposed to a plain spill::Error, which means the request itself is bad (HTTP 400).
@@ -84,6 +84,8 @@ struct EngineMetrics {
   int64_t requests_finished = 0;  // every reason
   int64_t requests_cancelled = 0;
   int64_t requests_failed = 0;
+  // The runner's expert_traffic(), as of the last step (zeros for a model without routed experts).
+  ExpertTraffic experts{};
 };
 
 class Engine {

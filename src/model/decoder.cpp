@@ -5,6 +5,7 @@
 // attention is its own block (mla_attention.cpp) behind the same residual stream.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -57,6 +58,7 @@ class CpuRunner final : public ModelRunner {
       correction_bias_.push_back(to_floats(lw.router_correction_bias));
     }
     activation_ = {.kind = spec_.expert_activation, .alpha = float(spec_.swiglu_alpha), .limit = float(spec_.swiglu_limit)};
+    has_routed_experts_ = spec_.n_moe_layers() > 0;
   }
 
   const ModelSpec& spec() const override { return spec_; }
@@ -69,7 +71,12 @@ class CpuRunner final : public ModelRunner {
 
   void forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) override;
 
+  // Every routed expert is read where the model's weights are (host RAM): routings only, no
+  // host-read, cache or placement figures.
+  ExpertTraffic expert_traffic() const override { return traffic_; }
+
  private:
+  void forward_pass(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer);
   void check_batch(const ForwardBatch& batch);
   static cpu::ExpertView expert_view(const ExpertWeights& e) {
     return {&e.gate, &e.up, &e.down, e.gate_bias.empty() ? nullptr : &e.gate_bias,
@@ -93,6 +100,11 @@ class CpuRunner final : public ModelRunner {
   std::vector<uint8_t> block_written_;                 // check_batch's scratch (multi-group models)
   std::vector<std::vector<float>> sinks_, correction_bias_;  // per layer, empty where the model has none
   cpu::ActivationParams activation_;
+  bool has_routed_experts_ = false;  // some layer is MoE
+  // Counted per step into step_routings_ (by mlp_block) and added to traffic_ when the forward
+  // completes, so a published count is always of whole steps.
+  int64_t step_routings_ = 0;
+  ExpertTraffic traffic_;
 };
 
 // The CPU runner needs none of the limits to compute, but holds every batch to them, so that
@@ -245,6 +257,7 @@ void CpuRunner::mlp_block(const LayerWeights& w, int64_t l, const float* h, int6
     }
   }
   if (observer) observer->on_router(layer, n, top_k, expert_ids.data(), expert_weights.data());
+  step_routings_ += n * top_k;
   cpu::moe_experts(pool_, h, n, H, top_k, expert_ids.data(), expert_weights.data(), experts_[size_t(l)], out,
                    activation_);
   if (spec_.n_shared_experts > 0) {
@@ -254,7 +267,18 @@ void CpuRunner::mlp_block(const LayerWeights& w, int64_t l, const float* h, int6
   }
 }
 
+// One step, and its expert counts: each token once, (token, slot) pairs over the MoE layers, wall time.
 void CpuRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
+  const auto start = std::chrono::steady_clock::now();
+  step_routings_ = 0;
+  forward_pass(batch, logits, observer);
+  if (!has_routed_experts_) return;
+  traffic_.tokens += batch.n_tokens();
+  traffic_.routings += step_routings_;
+  traffic_.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void CpuRunner::forward_pass(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
   check_batch(batch);
   const int64_t n = batch.n_tokens(), H = spec_.hidden_size;
 

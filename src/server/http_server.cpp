@@ -440,9 +440,13 @@ void HttpServer::install_routes() {
     if (log.prompt_tokens >= 0) tokens = fmt::format(" prompt={} completion={}", log.prompt_tokens, std::max<int64_t>(0, log.completion_tokens));
     if (log.cached_tokens >= 0) tokens += fmt::format(" cached={}", log.cached_tokens);
     if (log.ttft_ms >= 0) tokens += fmt::format(" ttft={:.0f}ms", log.ttft_ms);
-    fmt::print(stderr, "spill: {} {} {}{} {:.0f}ms\n", req.method, req.path, res.status, tokens, seconds_since(log.start) * 1e3);
     const bool generation = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
                             req.path == "/v1/messages" || req.path == "/v1/responses";
+    // Where a generation's routed experts were read from, engine-wide (with host experts only).
+    const std::string experts =
+        generation && state_ == State::Ready ? expert_log_summary(engine_->metrics().experts) : "";
+    fmt::print(stderr, "spill: {} {} {}{} {:.0f}ms{}\n", req.method, req.path, res.status, tokens,
+               seconds_since(log.start) * 1e3, experts);
     if (generation && res.status >= 400) metrics_.record_rejected(res.status);
     t_access_log = AccessLog{};
   });
@@ -528,6 +532,7 @@ void HttpServer::handle_metrics(httplib::Response& res) {
     g.prefix_cache_queries = m.prefix_query_tokens;
     g.prefix_cache_hits = m.prefix_hit_tokens;
     g.preemptions = m.preemptions;
+    if (engine_->spec().n_moe_layers() > 0) g.experts = m.experts;
   }
   res.status = 200;
   res.set_content(metrics_.render(g, model_name_), "text/plain; version=0.0.4; charset=utf-8");

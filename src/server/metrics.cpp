@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
+
+#include "placement/memory.h"
 
 namespace spill::server {
 
@@ -23,6 +27,64 @@ void header(std::string& out, std::string_view name, std::string_view type, std:
 
 void sample(std::string& out, std::string_view name, std::string_view labels, double value) {
   fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, labels, format_value(value));
+}
+
+// The routed experts' block. Rendered for every model with routed experts, zeros included, and for
+// no dense model, the way vLLM adds its speculative-decoding series whenever speculative decoding is
+// configured: a dashboard or alert sees the same series on every MoE deployment from the first
+// scrape (rate() needs the zero before the first increase), whether or not an expert lives in host
+// RAM. The derived gauges are since start and 0 while their denominator is (as vLLM's prefix-cache
+// hit rate is 0 before any query), never NaN; for a window, and for alerts that must not fire on
+// "no host traffic", use the counters: rate(cache_routings) / (rate(cache_routings) + rate(host_routings)).
+void render_experts(std::string& out, const ExpertTraffic& t, std::string_view labels) {
+  auto counter = [&](std::string_view name, std::string_view help, double value) {
+    header(out, name, "counter", help);
+    sample(out, name, labels, value);
+  };
+  auto gauge = [&](std::string_view name, std::string_view help, double value) {
+    header(out, name, "gauge", help);
+    sample(out, name, labels, value);
+  };
+  auto labelled = [&](std::string_view name, std::string_view help, std::string_view key,
+                      std::initializer_list<std::pair<std::string_view, double>> values) {
+    header(out, name, "gauge", help);
+    for (const auto& [label, value] : values) sample(out, name, fmt::format("{},{}=\"{}\"", labels, key, label), value);
+  };
+  counter("spill:expert_tokens_total", "Tokens run through the MoE layers (each token once, not per layer).",
+          double(t.tokens));
+  counter("spill:expert_routings_total", "(token, routed expert) pairs, summed over the MoE layers.",
+          double(t.routings));
+  counter("spill:expert_host_routings_total", "Routings to an expert read in place from host RAM (over PCIe).",
+          double(t.host_routings));
+  counter("spill:expert_cache_routings_total", "Routings to a host expert served from the VRAM expert cache.",
+          double(t.cache_routings));
+  counter("spill:expert_host_read_bytes_total",
+          "Expert bytes read from host RAM (a touched host expert once per step).", double(t.host_bytes));
+  counter("spill:expert_cache_copies_total", "Host experts copied into the VRAM expert cache.", double(t.cache_copies));
+  counter("spill:expert_cache_copy_bytes_total", "Bytes copied into the VRAM expert cache.",
+          double(t.cache_copy_bytes));
+  counter("spill:expert_cache_evictions_total", "Experts evicted from the VRAM expert cache.",
+          double(t.cache_evictions));
+  counter("spill:expert_step_seconds_total", "Host wall time of the steps the expert counters are of.", t.step_seconds);
+  labelled(
+      "spill:expert_bytes",
+      "Routed-expert bytes by place: vram (placed on the GPU), host (read from host RAM), "
+      "cache (the VRAM expert cache's slots).",
+      "place",
+      {{"vram", double(t.vram_expert_bytes)}, {"host", double(t.host_expert_bytes)}, {"cache", double(t.cache_bytes)}});
+  labelled("spill:expert_cache_slots", "Slots of the VRAM expert cache: total, and used.", "state",
+           {{"total", double(t.cache_slots)}, {"used", double(t.cache_slots_used)}});
+  const ExpertRatios r = expert_ratios(t);
+  gauge("spill:expert_host_routings_per_token",
+        "Host-RAM expert routings per token since start (host_routings / tokens; 0 before the first token).",
+        r.host_routings_per_token);
+  gauge("spill:expert_cache_hit_ratio",
+        "Of the routings to host experts, the fraction served from the VRAM expert cache since start "
+        "(cache / (cache + host); 0 while none).",
+        r.cache_hit_ratio);
+  gauge("spill:expert_host_read_bytes_per_second",
+        "Expert bytes read from host RAM per second of step time since start (0 before the first step).",
+        r.host_bytes_per_second);
 }
 
 }  // namespace
@@ -75,6 +137,23 @@ void Histogram::render(std::string& out, std::string_view name, std::string_view
   }
   sample(out, fmt::format("{}_sum", name), labels, sum_);
   sample(out, fmt::format("{}_count", name), labels, double(count_));
+}
+
+ExpertRatios expert_ratios(const ExpertTraffic& t) {
+  auto ratio = [](double num, double den) { return den > 0 ? num / den : 0.0; };
+  return {.host_routings_per_token = ratio(double(t.host_routings), double(t.tokens)),
+          .host_bytes_per_token = ratio(double(t.host_bytes), double(t.tokens)),
+          .cache_hit_ratio = ratio(double(t.cache_routings), double(t.cache_routings + t.host_routings)),
+          .host_bytes_per_second = ratio(double(t.host_bytes), t.step_seconds)};
+}
+
+std::string expert_log_summary(const ExpertTraffic& t) {
+  if (t.host_expert_bytes <= 0 && t.host_routings <= 0 && t.cache_routings <= 0) return "";
+  const ExpertRatios r = expert_ratios(t);
+  std::string out = fmt::format(" experts since start: host {:.2f}/token, {}/token", r.host_routings_per_token,
+                                placement::format_bytes(int64_t(std::llround(r.host_bytes_per_token))));
+  if (t.cache_slots > 0) out += fmt::format(", cache hit {:.1f}%", 100.0 * r.cache_hit_ratio);
+  return out;
 }
 
 std::vector<double> ServerMetrics::ttft_buckets() {
@@ -150,6 +229,7 @@ std::string ServerMetrics::render(const EngineGauges& engine, std::string_view m
   counter("spill:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", double(engine.prefix_cache_hits));
   counter("spill:num_preemptions_total", "Times a running request was preempted to free KV blocks.",
           double(engine.preemptions));
+  if (engine.experts) render_experts(out, *engine.experts, labels);
 
   {
     std::lock_guard lock(mutex_);

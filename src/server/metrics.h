@@ -5,16 +5,19 @@
 // carries model_name="<served model>", as vLLM's do.
 //
 // Two sources: what the engine knows at scrape time (running/waiting, KV usage, prefix-cache
-// counters, preemptions) arrives as an EngineGauges snapshot; what the server sees per request
-// (tokens, finish reasons, TTFT, inter-token latency, end-to-end latency) is recorded here as
-// requests finish. All methods are thread-safe.
+// counters, preemptions, the routed experts' traffic) arrives as an EngineGauges snapshot; what
+// the server sees per request (tokens, finish reasons, TTFT, inter-token latency, end-to-end
+// latency) is recorded here as requests finish. All methods are thread-safe.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "model/runner.h"
 
 namespace spill::server {
 
@@ -46,7 +49,25 @@ struct EngineGauges {
   int64_t prefix_cache_hits = 0;        // of which found
   int64_t preemptions = 0;              // ever
   int64_t kv_blocks_total = 0;
+  // The runner's counts of routed-expert reads; set when the model has routed experts (then the
+  // spill:expert_* series are rendered, zeros included), none for a dense model.
+  std::optional<ExpertTraffic> experts{};
 };
+
+// What /metrics derives from ExpertTraffic, and the server's log line prints. Each is 0 while its
+// denominator is 0 (no token yet, no host expert routed, no step timed), as vLLM's prefix-cache
+// hit rate is before any query.
+struct ExpertRatios {
+  double host_routings_per_token = 0;  // host_routings / tokens
+  double host_bytes_per_token = 0;     // host_bytes / tokens
+  double cache_hit_ratio = 0;          // cache_routings / (cache_routings + host_routings)
+  double host_bytes_per_second = 0;    // host_bytes / step_seconds
+};
+ExpertRatios expert_ratios(const ExpertTraffic& t);
+// The expert part of a generation request's log line, engine-wide since start (a runner's counts
+// are not per request): " experts since start: host 1.37/token, 2.1 MiB/token, cache hit 43.2%"
+// (the hit rate only with a VRAM expert cache). "" when no routed expert lives in host RAM.
+std::string expert_log_summary(const ExpertTraffic& t);
 
 // What the server records when a request ends.
 struct FinishedRequestStats {
