@@ -58,6 +58,9 @@ struct CudaRunnerConfig {
   // VRAM for the expert cache (offload/expert_cache.h): slots that hold copies of the host experts
   // live traffic reads most, refilled as it changes. 0: none. Needs an expert_plan with host experts.
   int64_t expert_cache_bytes = 0;
+  // Count routings and expert reads (expert_traffic()) in the MoE kernels, read back each step
+  // beside the LM head. An expert cache needs them; false only to measure what counting costs.
+  bool count_experts = true;
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).
