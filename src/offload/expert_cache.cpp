@@ -28,6 +28,7 @@ ExpertCache::ExpertCache(const ExpertStore& store, CachePolicyOptions policy)
         return host;
       }(), policy) {
   for (const LayerLayout& l : store.layout().layers) layers_.push_back(l.layer);
+  effective_.assign(layers_.size() * size_t(policy_.n_experts()), 0);
 }
 
 std::unique_ptr<ExpertCache> ExpertCache::build(const ExpertStore& store, int64_t bytes, CachePolicyOptions policy) {
@@ -86,13 +87,19 @@ void ExpertCache::write_entry(int32_t moe_index, int32_t expert, const cuda::Exp
   if (staged_used_ == staged_capacity_) fail("expert cache: more table writes than staged (internal error)");
   cuda::ExpertWeights* src = staged_ + staged_used_++;
   *src = w;
+  changes_.push_back({size_t(moe_index) * size_t(policy_.n_experts()) + size_t(expert),
+                      uint8_t(w.gate != store_.host_table(layers_[size_t(moe_index)])[size_t(expert)].gate)});
   auto* table = const_cast<cuda::ExpertWeights*>(store_.device_table(layers_[size_t(moe_index)]));
   cuda_ok(cudaMemcpyAsync(table + expert, src, sizeof(cuda::ExpertWeights), cudaMemcpyHostToDevice, stream),
           "writing an expert table entry");
 }
 
-void ExpertCache::after_step(std::span<const uint32_t> touches, int64_t steps, cudaStream_t stream) {
-  staged_used_ = 0;  // the stream is idle: the last call's staged entries have been read
+void ExpertCache::update(std::span<const uint32_t> touches, int64_t steps, cudaStream_t stream) {
+  // Everything enqueued before the current step has completed: the last call's table writes (the
+  // current step reads them) and the staged entries they were copied from.
+  for (const auto& [i, on] : changes_) effective_[i] = on;
+  changes_.clear();
+  staged_used_ = 0;
   policy_.observe(touches, steps);
 
   // Copies that landed: their entries now point at their slots.

@@ -9,7 +9,9 @@
 //     entries are written on the runner's stream between steps, so a step reads one consistent
 //     table, and the bytes behind an entry are the same whether it points at the slot or at host
 //     RAM: logits do not change when the cache does.
-// The runner calls after_step() between steps, when its stream has no work in flight.
+// The runner calls update() right after enqueuing a step, so its host work (the policy, the table
+// writes, starting copies) overlaps the step on the GPU instead of adding to it; what it writes
+// takes effect from the next step.
 // CUDA builds only (SPILL_HAVE_CUDA).
 #pragma once
 #if SPILL_HAVE_CUDA
@@ -40,14 +42,18 @@ class ExpertCache {
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
-  // Between steps, `stream` idle: the touches of the steps since the last call
-  // ([moe_layers * n_experts], the MoE kernels' counters' differences, MoE layers in ascending
-  // order), then copies that landed are switched in and new ones started. Table writes are
-  // enqueued on `stream`, before the next step.
-  void after_step(std::span<const uint32_t> touches, int64_t steps, cudaStream_t stream);
+  // Right after a step was enqueued on `stream`, everything enqueued before it complete: the
+  // touches of the steps since the last call ([moe_layers * n_experts], the MoE kernels'
+  // counters' differences, MoE layers ascending) feed the policy, copies that landed are switched
+  // in and new ones started. Table writes are enqueued on `stream` after the step, so they take
+  // effect from the next one.
+  void update(std::span<const uint32_t> touches, int64_t steps, cudaStream_t stream);
 
-  // Expert e of the store's `moe_index`-th MoE layer is read from VRAM now.
-  bool served(int32_t moe_index, int32_t expert) const { return policy_.served(moe_index, expert); }
+  // Expert e of the store's `moe_index`-th MoE layer was read from its VRAM slot by the step
+  // enqueued before the last update() (the table as that step saw it: for counting its reads).
+  bool served_last_step(int32_t moe_index, int32_t expert) const {
+    return effective_[size_t(moe_index) * size_t(policy_.n_experts()) + size_t(expert)] != 0;
+  }
   const ExpertCachePolicy& policy() const { return policy_; }
   ExpertCacheReport report() const;
 
@@ -74,6 +80,10 @@ class ExpertCache {
   cuda::ExpertWeights* staged_ = nullptr;
   size_t staged_capacity_ = 0, staged_used_ = 0;
   int64_t copies_ = 0, copy_bytes_ = 0;
+  // The table the GPU reads, per (MoE layer, expert): 1 where the entry points at a slot; and the
+  // changes written during the last update(), which the step after it is the first to see.
+  std::vector<uint8_t> effective_;
+  std::vector<std::pair<size_t, uint8_t>> changes_;
 };
 
 }  // namespace spill::offload

@@ -77,7 +77,7 @@ class ExpertCachePolicy {
   int64_t copies_in_flight() const { return in_flight_; }
   int64_t admissions() const { return admissions_; }
   int64_t evictions() const { return evictions_; }
-  int32_t moe_layers() const { return int32_t(host_.size()); }
+  int32_t moe_layers() const { return n_layers_; }
   int32_t n_experts() const { return n_experts_; }
 
  private:
@@ -88,13 +88,18 @@ class ExpertCachePolicy {
   };
   size_t index(int32_t l, int32_t e) const { return size_t(l) * size_t(n_experts_) + size_t(e); }
 
-  std::vector<std::vector<bool>> host_;
-  int32_t n_experts_ = 0;
+  // Runs every step on the thread that runs the steps: flat arrays, no per-step allocation beyond
+  // the small candidate lists, a free-slot stack instead of a scan.
+  int32_t n_layers_ = 0, n_experts_ = 0;
+  std::vector<uint8_t> host_;     // [layers * experts]
   CachePolicyOptions options_;
   double decay_ = 1.0;            // per step: 0.5^(1 / half_life)
   std::vector<double> scores_;    // [layers * experts], host experts only are non-zero
   std::vector<int64_t> slot_of_;  // [layers * experts], -1 none
   std::vector<Slot> slots_;
+  std::vector<int64_t> free_slots_;  // a stack; the lowest slot on top
+  std::vector<size_t> candidates_;
+  std::vector<int64_t> served_;
   int64_t in_flight_ = 0, admissions_ = 0, evictions_ = 0;
 };
 

@@ -187,9 +187,11 @@ class CudaRunner final : public ModelRunner {
   // With config.profile_ops: an event after each op; the time since the previous mark is the op's.
   void mark(const char* op);
   void collect_profile();
-  // After a step has finished (the stream idle): the step's expert counts into traffic_, then the
-  // expert cache's turn.
+  // After a step has finished (the stream idle): the step's expert counts into traffic_.
   void after_step(int64_t n_tokens, double seconds);
+  // Right after a step is enqueued: the expert cache's turn with the last finished step's touches,
+  // while the GPU runs this one.
+  void update_expert_cache();
 
   const Model& model_;
   ModelSpec spec_;
@@ -234,13 +236,14 @@ class CudaRunner final : public ModelRunner {
   // branch of each step that runs beside the final norm and LM head, so the copy adds no time.
   DeviceAlloc counts_dev_;
   PinnedAlloc counts_host_;
-  std::vector<uint32_t> counts_seen_, counts_delta_;
+  std::vector<uint32_t> counts_seen_, counts_delta_;  // the last finished step's differences
+  bool counts_fresh_ = false;  // counts_delta_ not yet given to the expert cache
   cudaStream_t counts_stream_ = nullptr;
   cudaEvent_t counts_fork_ = nullptr, counts_join_ = nullptr;
   std::vector<int32_t> moe_index_;      // [n_layers]: the layer's index among MoE layers, -1 dense
   std::vector<int64_t> moe_layer_;      // [moe layers]: the model layer
   std::vector<int64_t> expert_bytes_;   // [moe layers]: one expert's gate + up + down bytes
-  std::vector<uint8_t> host_home_;      // [moe layers][n_experts]: the plan puts it in host RAM
+  std::vector<int32_t> host_experts_;   // moe layer * n_experts + expert of each expert the plan puts in host RAM
   ExpertTraffic traffic_;
   int64_t attn_tokens_per_call_ = 0;
 
@@ -828,6 +831,7 @@ void CudaRunner::observe(ForwardObserver* observer, const char* name, int layer,
 void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, ForwardObserver* observer) {
   const auto t0 = std::chrono::steady_clock::now();
   run_step(batch, observer, &logits);
+  update_expert_cache();
   check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
   if (config_.profile_ops) collect_profile();
   after_step(batch.n_tokens(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -851,6 +855,7 @@ void CudaRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSam
     after_step(batch.n_tokens(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
   if (rows == 0) {
+    update_expert_cache();
     check(cudaStreamSynchronize(stream_), "CUDA runner: the forward step");
     finished();
     return;
@@ -860,6 +865,7 @@ void CudaRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSam
     sampling_->set_row(int32_t(r), *samplers[size_t(r)]);
   }
   sampling_->launch(logits_dev_, int32_t(rows), stream_);
+  update_expert_cache();
   const std::span<const cuda::GpuSampledToken> picked = sampling_->finish(stream_);
   if (config_.profile_ops) collect_profile();
   finished();
@@ -1155,7 +1161,7 @@ void CudaRunner::prepare_expert_counts() {
     const int64_t I = spec_.moe_intermediate_size, H = spec_.hidden_size;
     expert_bytes_.push_back(2 * I * row_bytes(d.expert_gate_up_type, H) + H * row_bytes(d.expert_down_type, I));
     for (int64_t e = 0; e < E; ++e)
-      host_home_.push_back(store_ && store_->home(l, e) != offload::Home::Vram ? 1 : 0);
+      if (store_ && store_->home(l, e) != offload::Home::Vram) host_experts_.push_back(int32_t(d.moe_index * E + e));
   }
   if (config_.expert_cache_bytes > 0 && !store_)
     fail("CUDA runner: an expert cache (--expert-cache-mem) caches experts the plan puts in host RAM; there are none "
@@ -1193,19 +1199,25 @@ void CudaRunner::after_step(int64_t n_tokens, double seconds) {
   const int64_t E = spec_.n_experts, M = int64_t(moe_layer_.size());
   const uint32_t* routings = counts_delta_.data();
   const uint32_t* touches = counts_delta_.data() + M * E;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t e = 0; e < E; ++e) {
-      const size_t i = size_t(m * E + e);
-      traffic_.routings += routings[i];
-      if (!host_home_[i]) continue;
-      if (cache_ && cache_->served(int32_t(m), int32_t(e))) {
-        traffic_.cache_routings += routings[i];
-      } else {
-        traffic_.host_routings += routings[i];
-        traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(m)];
-      }
+  int64_t all = 0;
+  for (int64_t i = 0; i < M * E; ++i) all += routings[i];
+  traffic_.routings += all;
+  for (const int32_t i : host_experts_) {  // the plan's host experts only: a few hundred to thousands
+    if (cache_ && cache_->served_last_step(int32_t(i / E), int32_t(i % E))) {
+      traffic_.cache_routings += routings[i];
+    } else {
+      traffic_.host_routings += routings[i];
+      traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
     }
-  if (cache_) cache_->after_step({touches, size_t(M * E)}, 1, stream_);
+  }
+  counts_fresh_ = true;
+}
+
+void CudaRunner::update_expert_cache() {
+  if (!cache_ || !counts_fresh_) return;
+  const size_t half = counts_delta_.size() / 2;
+  cache_->update({counts_delta_.data() + half, half}, 1, stream_);
+  counts_fresh_ = false;
 }
 
 ExpertTraffic CudaRunner::expert_traffic() const {
