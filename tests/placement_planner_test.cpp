@@ -228,7 +228,7 @@ TEST(PlacementPlanner, UniformBatchEstimateCountsDistinctExperts) {
     // Expected: every byte at its rate one after the other, plus the overhead of each of the 6
     // layers; never faster than the bound.
     const Ceilings& c = o.request.ceilings;
-    const double want = d.vram_bytes_per_step / (c.hbm_read_gbps * 1e9) + d.host_bytes_per_step / (c.host_read_gbps * 1e9) +
+    const double want = d.vram_bytes_per_step / (c.decode_vram_gbps * 1e9) + d.host_bytes_per_step / (c.host_read_gbps * 1e9) +
                         6 * 1e-6 * (c.layer_overhead_us + c.layer_overhead_us_per_token * double(B));
     EXPECT_NEAR(d.expected_step_seconds, want, 1e-12 * want);
     EXPECT_GT(d.expected_step_seconds, d.step_seconds);

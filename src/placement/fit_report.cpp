@@ -121,10 +121,12 @@ std::string format_fit_report(const PlanOutcome& o) {
 
   out += fmt::format("\ndecode (ceilings: HBM read {:.0f} GB/s, in-place host read {:.1f} GB/s; {} tokens of context "
                      "per stream). bound: per layer the larger of its VRAM and host reads, compute and latency not "
-                     "counted; expected: per layer both reads one after the other plus {:.1f} + {:.1f} x batch us "
-                     "of kernel latency (the CUDA runner measured on an H200):\n",
+                     "counted; expected: per layer its VRAM reads at the {:.0f} GB/s spill's decode kernels reach, then "
+                     "its host reads, plus {:.1f} + {:.2f} x batch us of kernel latency (the CUDA runner measured on "
+                     "an H200):\n",
                      r.ceilings.hbm_read_gbps, r.ceilings.host_read_gbps, r.report_context,
-                     r.ceilings.layer_overhead_us, r.ceilings.layer_overhead_us_per_token);
+                     std::min(r.ceilings.decode_vram_gbps, r.ceilings.hbm_read_gbps), r.ceilings.layer_overhead_us,
+                     r.ceilings.layer_overhead_us_per_token);
   out += fmt::format("  {:>6}{:>18}{:>20}{:>18}{:>12}{:>16}{:>14}{:>14}{:>16}\n", "batch", "host MiB/token",
                      "host experts/step", "VRAM GiB/step", "bound ms", "bound tok/s", "tok/s total", "expected ms",
                      "expected tok/s");

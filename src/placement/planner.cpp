@@ -401,6 +401,7 @@ DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& req, int64_t
   DecodeEstimate d{.batch = batch, .context = context};
   const ModelSpec& s = req.shape.spec;
   const double hbm = req.ceilings.hbm_read_gbps * 1e9, host = req.ceilings.host_read_gbps * 1e9;
+  const double vram_rate = std::min(req.ceilings.decode_vram_gbps, req.ceilings.hbm_read_gbps) * 1e9;
   const int64_t kv_layer = kv_bytes_per_token_per_layer(s, req.kv_format);
   const ModelBytes& mb = plan.bytes;
   double seconds = 0, expected = 0;
@@ -430,12 +431,12 @@ DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& req, int64_t
     d.host_bytes_per_step += host_b;
     // Within a layer the GPU can read its VRAM and host experts at once; layers run in order.
     seconds += std::max(vram / hbm, host_b / host);
-    expected += vram / hbm + host_b / host + overhead;
+    expected += vram / vram_rate + host_b / host + overhead;
   }
   // Head every step; one embedding row per token.
   d.vram_bytes_per_step += double(mb.lm_head);
   seconds += double(mb.lm_head) / hbm;
-  expected += double(mb.lm_head) / hbm;
+  expected += double(mb.lm_head) / vram_rate;
   const double rows = double(batch) * double(mb.embedding_row);
   if (plan.embedding_on_host) {
     d.host_bytes_per_step += rows;
@@ -444,7 +445,7 @@ DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& req, int64_t
   } else {
     d.vram_bytes_per_step += rows;
     seconds += rows / hbm;
-    expected += rows / hbm;
+    expected += rows / vram_rate;
   }
   d.expected_step_seconds = expected;
   d.expected_tokens_per_s_per_stream = expected > 0 ? 1.0 / expected : 0;

@@ -26,13 +26,17 @@ namespace spill::placement {
 struct Ceilings {
   double hbm_read_gbps = 4530.0;
   double host_read_gbps = 50.0;
-  // What a decoder layer of spill's CUDA runner costs beyond its bytes at batch B: a chain of ~11
-  // kernels, each a few dependent round trips, that the bytes cannot hide at small batch. Measured
-  // on the H200 with the S30 shape (docs/perf/attention-gemv-2026-12-02.md, 55f5228): the all-VRAM
-  // step minus its bytes at the HBM rate is 49.2 / 84.7 / 128.3 us per layer at batch 1 / 4 / 8,
-  // which 37.6 + 11.3 B fits within 3%.
-  double layer_overhead_us = 37.6;
-  double layer_overhead_us_per_token = 11.3;
+  // The expected decode time (DecodeEstimate::expected_*) of spill's CUDA runner: its decode
+  // kernels read VRAM weights at decode_vram_gbps, not at the HBM peak (the int8 GEMV and MoE
+  // kernels reach 13-38% of it at batch 1: docs/perf/expert-cache-2026-12-02.md), and each decoder
+  // layer costs a chain of ~11 kernels, layer_overhead_us + layer_overhead_us_per_token x B, that its
+  // bytes do not hide. Fitted on the H200 (620442f) to three measured steps: S30 all in VRAM at
+  // batch 1 (2.92 ms) and 8 (7.70 ms), and S235 at --gpu-mem 96G at batch 1 (17.06 ms); checked
+  // against S235 at batch 8 (expected 69.1 ms, measured 71.3) and S30 at --gpu-mem 12G at batch 1
+  // (9.76, measured 9.27). The peak stays the bound's rate (step_seconds).
+  double decode_vram_gbps = 1521.0;
+  double layer_overhead_us = 25.1;
+  double layer_overhead_us_per_token = 2.66;
 };
 
 enum class EmbeddingHome { Auto, Gpu, Host };  // Auto: host RAM when anything must be offloaded
