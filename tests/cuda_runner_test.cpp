@@ -656,6 +656,7 @@ TEST(CudaRunnerModels, ExpertCacheKeepsTheLogitsAndCountsEveryRouting) {
     c.kv_dtype = DType::F32;
     c.expert_plan = std::move(plan);
     c.expert_cache_bytes = cache_bytes;
+    c.count_experts = CudaRunnerConfig::ExpertCounting::Always;  // the all-VRAM run too
     auto gpu = make_cuda_runner(*model, c);
     Run r;
     std::vector<float> lg;

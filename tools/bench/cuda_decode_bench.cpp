@@ -60,7 +60,8 @@ struct Args {
   std::string gpu_mem;    // --gpu-mem: plan at start-up as spill serve does (the fit report is printed)
   std::string cache_mem;  // --expert-cache-mem
   std::string routing_skew;
-  bool count_experts = true;  // --no-expert-counts: measure what the MoE kernels' counters cost
+  // --expert-counts / --no-expert-counts: count always / never (default: with a plan, as serving does)
+  CudaRunnerConfig::ExpertCounting counting = CudaRunnerConfig::ExpertCounting::WithPlan;
   int warmup = -1;        // decode steps before the timed ones (-1: 300 with a cache, else 0)
 };
 
@@ -95,7 +96,8 @@ int main(int argc, char** argv) {
     else if (f == "--plan") a.plan = next();
     else if (f == "--expert-cache-mem") a.cache_mem = next();
     else if (f == "--gpu-mem") a.gpu_mem = next();
-    else if (f == "--no-expert-counts") a.count_experts = false;
+    else if (f == "--no-expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Off;
+    else if (f == "--expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Always;
     else if (f == "--routing-skew") a.routing_skew = next();
     else if (f == "--warmup") a.warmup = std::atoi(next().c_str());
     else if (f == "--quant") a.quant = next();
@@ -155,7 +157,7 @@ int main(int argc, char** argv) {
     config.max_model_len = int64_t(blocks_per_seq) * bs;
     config.profile_ops = a.profile;
     config.cuda_graphs = a.graphs;
-    config.count_experts = a.count_experts;
+    config.count_experts = a.counting;
     if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
     else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
     else if (!a.gpu_mem.empty()) {

@@ -1166,10 +1166,12 @@ void CudaRunner::prepare_expert_counts() {
   if (config_.expert_cache_bytes > 0 && !store_)
     fail("CUDA runner: an expert cache (--expert-cache-mem) caches experts the plan puts in host RAM; there are none "
          "without a plan (--gpu-mem or --plan)");
-  if (config_.expert_cache_bytes > 0 && !config_.count_experts)
-    fail("CUDA runner: the expert cache decides from the expert counts; count_experts is off (internal error)");
+  using Counting = CudaRunnerConfig::ExpertCounting;
+  if (config_.expert_cache_bytes > 0 && config_.count_experts == Counting::Off)
+    fail("CUDA runner: the expert cache decides from the expert counts; count_experts is Off (internal error)");
+  const bool count = config_.count_experts == Counting::Always || (config_.count_experts == Counting::WithPlan && store_);
   // Float experts are not counted (and never placed).
-  if (moe_layer_.empty() || !moe_blocks_ || !config_.count_experts) return;
+  if (moe_layer_.empty() || !moe_blocks_ || !count) return;
   const size_t n = 2 * moe_layer_.size() * size_t(E);
   counts_dev_.allocate(n * 4, "the routed-expert counters");
   check(cudaMemsetAsync(counts_dev_.ptr, 0, n * 4, stream_), "CUDA runner: zeroing the routed-expert counters");

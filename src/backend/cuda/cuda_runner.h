@@ -59,8 +59,11 @@ struct CudaRunnerConfig {
   // live traffic reads most, refilled as it changes. 0: none. Needs an expert_plan with host experts.
   int64_t expert_cache_bytes = 0;
   // Count routings and expert reads (expert_traffic()) in the MoE kernels, read back each step
-  // beside the LM head. An expert cache needs them; false only to measure what counting costs.
-  bool count_experts = true;
+  // beside the LM head: WithPlan when an expert plan puts experts in host RAM (their traffic is what
+  // /metrics and the expert cache need; measured cost 0.4-0.9% of an all-VRAM S30 step, so a runner
+  // without a plan does not pay it), Always, or Off (to measure that cost; no cache then).
+  enum class ExpertCounting { WithPlan, Always, Off };
+  ExpertCounting count_experts = ExpertCounting::WithPlan;
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).
