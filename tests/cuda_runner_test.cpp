@@ -570,20 +570,26 @@ TEST(CudaRunnerModels, QuantizedModelsGreedyMatchTheCpuRunner) {
   }
 }
 
+// The offload tests' model: 3 layers (the first dense), 8 experts top-2, Q4_K experts, in `dir`.
+std::unique_ptr<Model> small_offload_model(const TempDir& dir, uint64_t seed) {
+  write_random_model(dir.path(), RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 3, .n_heads = 4,
+                                                   .n_kv_heads = 2, .head_dim = 64, .n_experts = 8,
+                                                   .n_experts_per_token = 2, .moe_intermediate_size = 256,
+                                                   .intermediate_size = 512, .dense_layers = {0}, .seed = seed});
+  auto model = Model::load(dir.path());
+  QuantRequest request;
+  request.quant = "experts=q4_k,attention=q8_0,dense=q8_0,head=q8_0,embed=q8_0";
+  quantize_as_asked(*model, request);
+  return model;
+}
+
 // Experts in host RAM (a plan's share of every MoE layer pinned and mapped, read by the MoE kernels
 // over PCIe) give exactly the logits of all experts in VRAM: prefill, then greedy decode steps
 // replayed from graphs. The runner reports where the expert bytes went.
 TEST(CudaRunnerModels, ExpertsInHostRamGiveTheLogitsOfExpertsInVram) {
   SPILL_SKIP_WITHOUT_GPU();
   TempDir dir("spill-cuda-runner-offload");
-  write_random_model(dir.path(), RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 3, .n_heads = 4,
-                                                   .n_kv_heads = 2, .head_dim = 64, .n_experts = 8,
-                                                   .n_experts_per_token = 2, .moe_intermediate_size = 256,
-                                                   .intermediate_size = 512, .dense_layers = {0}, .seed = 23});
-  auto model = Model::load(dir.path());
-  QuantRequest request;
-  request.quant = "experts=q4_k,attention=q8_0,dense=q8_0,head=q8_0,embed=q8_0";
-  quantize_as_asked(*model, request);
+  auto model = small_offload_model(dir, 23);
   int64_t n_blocks = 0;
   Steps s = make_steps(1, 64, 16, &n_blocks, 13);
   auto run = [&](std::optional<offload::PlacementPlan> plan, CudaRunnerStats* stats) {
@@ -630,14 +636,7 @@ TEST(CudaRunnerModels, ExpertsInHostRamGiveTheLogitsOfExpertsInVram) {
 TEST(CudaRunnerModels, ExpertCacheKeepsTheLogitsAndCountsEveryRouting) {
   SPILL_SKIP_WITHOUT_GPU();
   TempDir dir("spill-cuda-runner-expert-cache");
-  write_random_model(dir.path(), RandomModelParams{.vocab_size = 512, .hidden_size = 256, .n_layers = 3, .n_heads = 4,
-                                                   .n_kv_heads = 2, .head_dim = 64, .n_experts = 8,
-                                                   .n_experts_per_token = 2, .moe_intermediate_size = 256,
-                                                   .intermediate_size = 512, .dense_layers = {0}, .seed = 29});
-  auto model = Model::load(dir.path());
-  QuantRequest request;
-  request.quant = "experts=q4_k,attention=q8_0,dense=q8_0,head=q8_0,embed=q8_0";
-  quantize_as_asked(*model, request);
+  auto model = small_offload_model(dir, 29);
   const int64_t moe_layers = 2, top_k = 2;
   const LayerWeights& w1 = model->layers[1];
   const int64_t expert_bytes = int64_t(w1.experts[0].gate.nbytes() + w1.experts[0].up.nbytes() + w1.experts[0].down.nbytes());
