@@ -94,6 +94,11 @@ TEST(Cli, ExpertPlanIsRefusedClearlyWhereItCannotApply) {
   auto [s2, t2] = run_command(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --plan " + some_file);
   EXPECT_EQ(s2, 1);
   EXPECT_NE(t2.find("on --device cpu every weight is in host RAM already"), std::string::npos) << t2;
+  // The expert cache caches host experts for a GPU: on the CPU it is refused the same way.
+  auto [s3, t3] = run_command(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --expert-cache-mem 1G");
+  EXPECT_EQ(s3, 1);
+  EXPECT_NE(t3.find("--expert-cache-mem"), std::string::npos) << t3;
+  EXPECT_NE(t3.find("on --device cpu every weight is in host RAM already"), std::string::npos) << t3;
 }
 
 }  // namespace

@@ -392,6 +392,15 @@ TEST(OffloadModel, StartupPlanFitsTheBudgetOrRefusesWithTheFitReport) {
   EXPECT_NE(error_of({.gpu_mem = "lots"}).find("--gpu-mem"), std::string::npos);
   EXPECT_NE(error_of({.gpu_mem = "1e300G"}).find("too large"), std::string::npos);
   EXPECT_NE(error_of({.gpu_mem = "1G", .host_experts = "130%"}).find("--host-experts"), std::string::npos);
+
+  // --expert-cache-mem comes out of --gpu-mem before the plan is made: the KV pool gets that much less.
+  const offload::StartupPlan cached =
+      offload::plan_at_startup(*model, {.gpu_mem = "1G", .expert_cache_mem = "100M"}, 16, 256, 64, 0);
+  EXPECT_EQ(cached.kv_budget_bytes, all.kv_budget_bytes - (int64_t(100) << 20));
+  EXPECT_EQ((offload::StartupPlacement{.expert_cache_mem = "100M"}.expert_cache_bytes()), int64_t(100) << 20);
+  EXPECT_FALSE((offload::StartupPlacement{.expert_cache_mem = "100M"}.requested())) << "a cache alone plans nothing";
+  EXPECT_NE(error_of({.gpu_mem = "1G", .expert_cache_mem = "1G"}).find("all of --gpu-mem"), std::string::npos);
+  EXPECT_NE(error_of({.gpu_mem = "1G", .expert_cache_mem = "much"}).find("--expert-cache-mem"), std::string::npos);
 }
 
 TEST(OffloadModel, RefusesAPlanOfAnotherModelNamingTheField) {
