@@ -29,6 +29,13 @@ void sample(std::string& out, std::string_view name, std::string_view labels, do
   fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, labels, format_value(value));
 }
 
+// A series of one sample: its HELP/TYPE header, then the sample.
+void series(std::string& out, std::string_view name, std::string_view type, std::string_view help,
+            std::string_view labels, double value) {
+  header(out, name, type, help);
+  sample(out, name, labels, value);
+}
+
 // The routed experts' block. Rendered for every model with routed experts, zeros included, and for
 // no dense model, the way vLLM adds its speculative-decoding series whenever speculative decoding is
 // configured: a dashboard or alert sees the same series on every MoE deployment from the first
@@ -38,12 +45,10 @@ void sample(std::string& out, std::string_view name, std::string_view labels, do
 // "no host traffic", use the counters: rate(cache_routings) / (rate(cache_routings) + rate(host_routings)).
 void render_experts(std::string& out, const ExpertTraffic& t, std::string_view labels) {
   auto counter = [&](std::string_view name, std::string_view help, double value) {
-    header(out, name, "counter", help);
-    sample(out, name, labels, value);
+    series(out, name, "counter", help, labels, value);
   };
   auto gauge = [&](std::string_view name, std::string_view help, double value) {
-    header(out, name, "gauge", help);
-    sample(out, name, labels, value);
+    series(out, name, "gauge", help, labels, value);
   };
   auto labelled = [&](std::string_view name, std::string_view help, std::string_view key,
                       std::initializer_list<std::pair<std::string_view, double>> values) {
@@ -211,12 +216,10 @@ std::string ServerMetrics::render(const EngineGauges& engine, std::string_view m
   out.reserve(16384);
 
   auto gauge = [&](std::string_view name, std::string_view help, double value) {
-    header(out, name, "gauge", help);
-    sample(out, name, labels, value);
+    series(out, name, "gauge", help, labels, value);
   };
   auto counter = [&](std::string_view name, std::string_view help, double value) {
-    header(out, name, "counter", help);
-    sample(out, name, labels, value);
+    series(out, name, "counter", help, labels, value);
   };
 
   gauge("spill:num_requests_running", "Requests in the running set (being prefilled or decoded).",
