@@ -94,13 +94,13 @@ void ExpertCache::write_entry(int32_t moe_index, int32_t expert, const cuda::Exp
           "writing an expert table entry");
 }
 
-void ExpertCache::update(std::span<const uint32_t> touches, int64_t steps, cudaStream_t stream) {
+void ExpertCache::update(std::span<const uint32_t> touches, cudaStream_t stream) {
   // Everything enqueued before the current step has completed: the last call's table writes (the
   // current step reads them) and the staged entries they were copied from.
   for (const auto& [i, on] : changes_) effective_[i] = on;
   changes_.clear();
   staged_used_ = 0;
-  policy_.observe(touches, steps);
+  policy_.observe(touches);
 
   // Copies that landed: their entries now point at their slots.
   for (size_t i = 0; i < pending_.size();) {

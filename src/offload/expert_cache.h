@@ -43,11 +43,11 @@ class ExpertCache {
   ExpertCache& operator=(const ExpertCache&) = delete;
 
   // Right after a step was enqueued on `stream`, everything enqueued before it complete: the
-  // touches of the steps since the last call ([moe_layers * n_experts], the MoE kernels'
-  // counters' differences, MoE layers ascending) feed the policy, copies that landed are switched
+  // touches of the last finished step ([moe_layers * n_experts], the MoE kernels' counters'
+  // differences, MoE layers ascending) feed the policy, copies that landed are switched
   // in and new ones started. Table writes are enqueued on `stream` after the step, so they take
   // effect from the next one.
-  void update(std::span<const uint32_t> touches, int64_t steps, cudaStream_t stream);
+  void update(std::span<const uint32_t> touches, cudaStream_t stream);
 
   // Expert e of the store's `moe_index`-th MoE layer was read from its VRAM slot by the step
   // enqueued before the last update() (the table as that step saw it: for counting its reads).

@@ -161,10 +161,10 @@ class CudaRunner final : public ModelRunner {
   void build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts);
   // Builds the expert store from config_.expert_plan and points each MoE layer at its table.
   void place_experts(const Model& model);
-  // The routed-expert counters the MoE kernels add to, and (config.expert_cache_bytes) the cache.
-  void prepare_expert_counts();
 
  private:
+  // The routed-expert counters the MoE kernels add to, and (config.expert_cache_bytes) the cache.
+  void prepare_expert_counts();
   struct Uploader;
   void upload_weights(const Model& model);
   void allocate_workspace();
@@ -240,7 +240,6 @@ class CudaRunner final : public ModelRunner {
   bool counts_fresh_ = false;  // counts_delta_ not yet given to the expert cache
   cudaStream_t counts_stream_ = nullptr;
   cudaEvent_t counts_fork_ = nullptr, counts_join_ = nullptr;
-  std::vector<int32_t> moe_index_;      // [n_layers]: the layer's index among MoE layers, -1 dense
   std::vector<int64_t> moe_layer_;      // [moe layers]: the model layer
   std::vector<int64_t> expert_bytes_;   // [moe layers]: one expert's gate + up + down bytes
   std::vector<int32_t> host_experts_;   // moe layer * n_experts + expert of each expert the plan puts in host RAM
@@ -1151,12 +1150,10 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
 
 void CudaRunner::prepare_expert_counts() {
   const int64_t E = spec_.n_experts;
-  moe_index_.assign(size_t(spec_.n_layers), -1);
   for (int64_t l = 0; l < spec_.n_layers; ++l) {
     DeviceLayer& d = layers_[size_t(l)];
     if (!d.moe) continue;
     d.moe_index = int64_t(moe_layer_.size());
-    moe_index_[size_t(l)] = int32_t(d.moe_index);
     moe_layer_.push_back(l);
     const int64_t I = spec_.moe_intermediate_size, H = spec_.hidden_size;
     expert_bytes_.push_back(2 * I * row_bytes(d.expert_gate_up_type, H) + H * row_bytes(d.expert_down_type, I));
@@ -1183,8 +1180,7 @@ void CudaRunner::prepare_expert_counts() {
   check(cudaEventCreateWithFlags(&counts_fork_, cudaEventDisableTiming), "CUDA runner: creating an event");
   check(cudaEventCreateWithFlags(&counts_join_, cudaEventDisableTiming), "CUDA runner: creating an event");
   if (config_.expert_cache_bytes > 0) {
-    cache_ = offload::ExpertCache::build(*store_, config_.expert_cache_bytes, {});
-    weight_bytes_ += cache_->report().bytes;
+    cache_ = offload::ExpertCache::build(*store_, config_.expert_cache_bytes, {});  // describe() reports its bytes
   }
 }
 
@@ -1218,7 +1214,7 @@ void CudaRunner::after_step(int64_t n_tokens, double seconds) {
 void CudaRunner::update_expert_cache() {
   if (!cache_ || !counts_fresh_) return;
   const size_t half = counts_delta_.size() / 2;
-  cache_->update({counts_delta_.data() + half, half}, 1, stream_);
+  cache_->update({counts_delta_.data() + half, half}, stream_);
   counts_fresh_ = false;
 }
 
