@@ -583,6 +583,17 @@ std::unique_ptr<Model> small_offload_model(const TempDir& dir, uint64_t seed) {
   return model;
 }
 
+// The offload tests' runner: one sequence of up to 64 tokens a step, an F32 KV pool, the given plan.
+CudaRunnerConfig small_offload_config(int64_t n_blocks, std::optional<offload::PlacementPlan> plan) {
+  CudaRunnerConfig c;
+  c.kv = {.block_size = 16, .n_blocks = n_blocks};
+  c.max_batch_tokens = 64;
+  c.max_seqs = 4;
+  c.kv_dtype = DType::F32;
+  c.expert_plan = std::move(plan);
+  return c;
+}
+
 // Experts in host RAM (a plan's share of every MoE layer pinned and mapped, read by the MoE kernels
 // over PCIe) give exactly the logits of all experts in VRAM: prefill, then greedy decode steps
 // replayed from graphs. The runner reports where the expert bytes went.
@@ -593,12 +604,7 @@ TEST(CudaRunnerModels, ExpertsInHostRamGiveTheLogitsOfExpertsInVram) {
   int64_t n_blocks = 0;
   Steps s = make_steps(1, 64, 16, &n_blocks, 13);
   auto run = [&](std::optional<offload::PlacementPlan> plan, CudaRunnerStats* stats) {
-    CudaRunnerConfig c;
-    c.kv = {.block_size = 16, .n_blocks = n_blocks};
-    c.max_batch_tokens = 64;
-    c.max_seqs = 4;
-    c.kv_dtype = DType::F32;
-    c.expert_plan = std::move(plan);
+    CudaRunnerConfig c = small_offload_config(n_blocks, std::move(plan));
     auto gpu = make_cuda_runner(*model, c);
     std::vector<float> all, lg;
     std::vector<int32_t> prompt = {3, 77, 150, 9, 400, 12, 31};
@@ -648,12 +654,7 @@ TEST(CudaRunnerModels, ExpertCacheKeepsTheLogitsAndCountsEveryRouting) {
     ExpertTraffic after_prefill, end;
   };
   auto run = [&](std::optional<offload::PlacementPlan> plan, int64_t cache_bytes) {
-    CudaRunnerConfig c;
-    c.kv = {.block_size = 16, .n_blocks = n_blocks};
-    c.max_batch_tokens = 64;
-    c.max_seqs = 4;
-    c.kv_dtype = DType::F32;
-    c.expert_plan = std::move(plan);
+    CudaRunnerConfig c = small_offload_config(n_blocks, std::move(plan));
     c.expert_cache_bytes = cache_bytes;
     c.count_experts = CudaRunnerConfig::ExpertCounting::Always;  // the all-VRAM run too
     auto gpu = make_cuda_runner(*model, c);
