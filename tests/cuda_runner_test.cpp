@@ -36,6 +36,7 @@
 #include "model/model.h"
 #include "model/quantize_on_load.h"
 #include "model/runner.h"
+#include "model/synthetic_source.h"
 #include "offload/model_experts.h"
 #include "test_models.h"
 #include "test_values.h"
@@ -70,7 +71,9 @@ double score_bound(const Model& m) {
 
 double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv, double score = 0) {
   const int64_t H = s.hidden_size, D = s.head_dim;
-  const int64_t I = std::max(s.intermediate_size, s.moe_intermediate_size);
+  // A shared expert runs beside the routed ones (their outputs are added): the longer of the two
+  // chains, with the widest down projection, bounds both.
+  const int64_t I = std::max({s.intermediate_size, s.moe_intermediate_size, s.shared_intermediate_size()});
   double per_layer = 2 * (f32_gamma(H) + f32_gamma(D) + f32_gamma(max_positions + 32) + f32_gamma(s.q_dim()) +
                           f32_gamma(H) + f32_gamma(H) + f32_gamma(I) +
                           f32_gamma(std::max<int64_t>(s.n_experts_per_token, 1)));
@@ -592,6 +595,75 @@ CudaRunnerConfig small_offload_config(int64_t n_blocks, std::optional<offload::P
   c.kv_dtype = DType::F32;
   c.expert_plan = std::move(plan);
   return c;
+}
+
+// A MoE model with a shared expert (DeepSeek-style: always on, added to the routed experts), made
+// by the synthetic generator: the eager model against the CPU runner; the same model made on
+// demand (its matrices written as the runner uploads them, then dropped) gives bit-identical
+// logits, with its experts in VRAM or half of them in host RAM, and its uploaded pages are given
+// back.
+ModelSpec shared_expert_spec() {
+  return parse_model_spec(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 640,
+    "hidden_size": 512, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "num_experts": 16, "num_experts_per_tok": 3, "moe_intermediate_size": 256,
+    "n_shared_experts": 2, "intermediate_size": 768, "norm_topk_prob": true, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": false})",
+                          "shared-expert test config");
+}
+
+SyntheticOptions shared_expert_mix(SyntheticFill fill) {
+  SyntheticOptions o;
+  o.seed = 31;
+  o.fill = fill;
+  o.type_for = [](const WeightKey& k, int64_t rows, int64_t) {
+    if (k.role == WeightRole::ExpertsGate || k.role == WeightRole::ExpertsUp || k.role == WeightRole::ExpertsDown)
+      return DType::Q4_K;
+    if (k.role == WeightRole::SharedGate || k.role == WeightRole::SharedUp || k.role == WeightRole::SharedDown)
+      return DType::Q6_K;
+    if (rows == 1 || k.role == WeightRole::Router) return DType::F32;
+    return DType::Q8_0;
+  };
+  return o;
+}
+
+TEST(CudaRunnerModels, SharedExpertsAndOnDemandWeightsMatchTheCpuRunner) {
+  SPILL_SKIP_WITHOUT_GPU();
+  cpu::set_activation_mode(cpu::ActivationMode::Q8);
+  const ModelSpec spec = shared_expert_spec();
+  auto eager = Model::from_source(spec, make_synthetic_source(spec, shared_expert_mix(SyntheticFill::Now)));
+  ASSERT_FALSE(eager->layers[1].shared.gate.empty());
+  greedy_against_cpu(*eager, 8, "shared experts", /*int8_activations=*/true);
+
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, 17);
+  auto run = [&](const Model& m, std::optional<offload::PlacementPlan> plan) {
+    auto gpu = make_cuda_runner(m, small_offload_config(n_blocks, std::move(plan)));
+    std::vector<float> all, lg;
+    std::vector<int32_t> prompt = {5, 71, 300, 9, 600, 12};
+    gpu->forward(s.make({{0, prompt, 0}}, false), lg);
+    all = lg;
+    int32_t pos = int32_t(prompt.size());
+    for (int step = 0; step < 5; ++step) {
+      gpu->forward(s.make({{0, {argmax(lg.data(), spec.vocab_size)}, pos++}}, false), lg);
+      all.insert(all.end(), lg.begin(), lg.end());
+    }
+    return all;
+  };
+  const std::vector<float> want = run(*eager, std::nullopt);
+  for (double share : {0.0, 0.5}) {
+    auto lazy = Model::from_source(spec, make_synthetic_source(spec, shared_expert_mix(SyntheticFill::OnDemand)));
+    const TensorView& gate = lazy->layers[2].experts[7].gate;  // 256 rows of 288 bytes: whole pages inside
+    const std::vector<float> got =
+        run(*lazy, share > 0 ? std::optional(offload::uniform_plan_for(*lazy, share, 3)) : std::nullopt);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "host share " << share;
+    // The expert's interior pages were given back after the upload: they read as zeros again.
+    const uint8_t* page = reinterpret_cast<const uint8_t*>((uintptr_t(gate.data) + 4095) / 4096 * 4096);
+    EXPECT_TRUE(std::all_of(page, page + 4096, [](uint8_t b) { return b == 0; })) << "host share " << share;
+    lazy->prepare(gate.data, gate.nbytes());
+    EXPECT_EQ(std::memcmp(gate.data, eager->layers[2].experts[7].gate.data, gate.nbytes()), 0);
+  }
 }
 
 // Experts in host RAM (a plan's share of every MoE layer pinned and mapped, read by the MoE kernels

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "formats/model_spec.h"
 #include "model/model.h"
 #include "model/runner.h"
 #include "model/synthetic_source.h"
+#include "offload/host_memory.h"
 
 namespace {
 
@@ -106,6 +108,60 @@ TEST(Synthetic, SameSeedSameBytesOtherSeedOtherBytes) {
   }
 }
 
+// A model made on demand: norms and routers at once, the matrices when prepared, in any pieces and
+// order, to exactly the eager model's bytes; dropped pages go back to the kernel and a new prepare
+// brings the same bytes; once everything is prepared (a reader in place), drop keeps the bytes.
+TEST(Synthetic, OnDemandBytesAreTheEagerBytesInAnyPieces) {
+  const spill::ModelSpec spec = tiny_moe_spec();
+  auto eager = spill::make_synthetic_source(spec, s30_like_mix(5));
+  spill::SyntheticOptions o = s30_like_mix(5);
+  o.fill = spill::SyntheticFill::OnDemand;
+  auto lazy = spill::make_synthetic_source(spec, o);
+  const spill::TensorView& norm = lazy->tensors().at("blk.1.attn_norm.weight");
+  EXPECT_EQ(std::memcmp(norm.data, eager->tensors().at("blk.1.attn_norm.weight").data, norm.nbytes()), 0);
+  const spill::TensorView& gate = lazy->tensors().at("blk.0.ffn_gate_exps.weight");
+  const auto* g = static_cast<const uint8_t*>(gate.data);
+  EXPECT_TRUE(std::all_of(g, g + gate.nbytes(), [](uint8_t b) { return b == 0; })) << "not written before prepare";
+  for (const auto& [name, t] : lazy->tensors()) {
+    // Pieces of an odd size, the last first: rows are cut anywhere.
+    const size_t piece = 1237, n = t.nbytes();
+    for (size_t at = (n - 1) / piece * piece; ; at -= piece) {
+      lazy->prepare(static_cast<const uint8_t*>(t.data) + at, std::min(piece, n - at));
+      if (at == 0) break;
+    }
+    EXPECT_EQ(std::memcmp(t.data, eager->tensors().at(name).data, n), 0) << name;
+  }
+}
+
+TEST(Synthetic, DroppedPagesAreGivenBackAndPreparedAgain) {
+  spill::ModelSpec spec = tiny_moe_spec();
+  spec.n_experts = 64;  // 64 x 256 rows of 144-byte Q4_K blocks: a 2.3 MB gate tensor
+  auto eager = spill::make_synthetic_source(spec, s30_like_mix(9));
+  spill::SyntheticOptions o = s30_like_mix(9);
+  o.fill = spill::SyntheticFill::OnDemand;
+  auto lazy = spill::make_synthetic_source(spec, o);
+  const spill::TensorView& t = lazy->tensors().at("blk.1.ffn_gate_exps.weight");
+  const spill::TensorView& want = eager->tensors().at("blk.1.ffn_gate_exps.weight");
+  const int64_t before = spill::offload::read_process_memory().rss_anon;
+  lazy->prepare(t.data, t.nbytes());
+  const int64_t filled = spill::offload::read_process_memory().rss_anon;
+  // From byte 100 on: the first page is not wholly inside the range and keeps its bytes.
+  lazy->drop(static_cast<const uint8_t*>(t.data) + 100, t.nbytes() - 100);
+  const int64_t dropped = spill::offload::read_process_memory().rss_anon;
+  if (before < 0) GTEST_SKIP() << "the kernel does not report RssAnon";
+  const int64_t bytes = int64_t(t.nbytes());
+  EXPECT_GT(filled - before, bytes * 9 / 10) << "prepare writes the tensor";
+  EXPECT_GT(filled - dropped, bytes * 9 / 10) << "drop gives its pages back";
+  EXPECT_EQ(std::memcmp(t.data, want.data, 4096), 0) << "the first, shared page keeps its bytes";
+  const auto* mid = static_cast<const uint8_t*>(t.data) + bytes / 2;
+  EXPECT_TRUE(std::all_of(mid, mid + 1024, [](uint8_t b) { return b == 0; }));
+  lazy->prepare(t.data, t.nbytes());
+  EXPECT_EQ(std::memcmp(t.data, want.data, t.nbytes()), 0);
+  lazy->prepare_all();
+  lazy->drop(t.data, t.nbytes());
+  EXPECT_EQ(std::memcmp(t.data, want.data, t.nbytes()), 0) << "after prepare_all nothing is dropped";
+}
+
 TEST(Synthetic, UnfilledS235ReportsItsBytesAtOnce) {
   const spill::ModelSpec spec = spill::parse_model_spec(R"({
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
@@ -115,7 +171,7 @@ TEST(Synthetic, UnfilledS235ReportsItsBytesAtOnce) {
     "max_position_embeddings": 40960, "tie_word_embeddings": false})",
                                                         "s235");
   spill::SyntheticOptions o;
-  o.fill = false;
+  o.fill = spill::SyntheticFill::Never;
   o.type_for = [](const WeightKey& k, int64_t, int64_t) { return is_expert(k.role) ? DType::Q3_K : DType::Q8_0; };
   const auto t0 = std::chrono::steady_clock::now();
   auto src = spill::make_synthetic_source(spec, o);

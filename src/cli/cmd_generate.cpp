@@ -66,7 +66,7 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
     fail("a --synthetic model has no tokenizer: drive it with --prompt-ids 1,2,3 --print-ids");
   ModelBundle bundle;
   if (a.model.synthetic.empty()) bundle = open_model_bundle(dir, /*require_tokenizer=*/!ids_only);
-  else bundle.model = open_synthetic_model(a.model, a.threads, a.quiet, /*fill=*/true);
+  else bundle.model = open_synthetic_model(a.model, a.threads, a.quiet, SyntheticFill::OnDemand);  // the runner prepares
   a.sampling = bundle.sampling;
   flags.apply(a.sampling);
   if (a.print_ids && !flags.given("--temperature")) a.sampling.temperature = 0;  // ids for comparison: greedy

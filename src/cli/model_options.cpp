@@ -84,7 +84,8 @@ void add_model_flags(CLI::App* cmd, ModelFlags& flags) {
 }
 
 std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet, bool fill) {
-  if (!flags.synthetic.empty()) return open_synthetic_model(flags, threads, quiet, fill);
+  if (!flags.synthetic.empty())
+    return open_synthetic_model(flags, threads, quiet, fill ? SyntheticFill::Now : SyntheticFill::Never);
   std::unique_ptr<Model> model = Model::load(flags.dir());
   quantize_as_flagged(*model, flags, threads, quiet);
   return model;
@@ -110,7 +111,7 @@ double parse_routing_skew(const std::string& text) {
 
 }  // namespace
 
-std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads, bool quiet, bool fill) {
+std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads, bool quiet, SyntheticFill fill) {
   if (!flags.model.empty()) fail("give --model or --synthetic, not both");
   if (!flags.imatrix.empty()) fail("--imatrix needs real weights; a --synthetic model is random");
   std::ifstream in(flags.synthetic);
@@ -125,7 +126,7 @@ std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads
   const quant::QuantMix mix = quant::parse_quant_mix(flags.quant);
   if (!mix.empty()) {
     SyntheticOptions probe;
-    probe.fill = false;
+    probe.fill = SyntheticFill::Never;
     auto shape_only = Model::from_source(spec, make_synthetic_source(spec, probe));
     for (const QuantPlanEntry& e : plan_quantization(*shape_only, mix))
       if (e.choice.quantize) types[{int(e.key.role), e.key.layer, e.key.expert}] = e.choice.type;
@@ -146,10 +147,11 @@ std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads
     return it == types.end() ? DType::F32 : it->second;
   };
   auto model = Model::from_source(spec, make_synthetic_source(spec, options));
-  if (!quiet && fill)
-    fmt::print(stderr, "[spill] synthetic {} ({}) made in {:.2f} s\n", flags.synthetic,
+  if (!quiet && fill != SyntheticFill::Never)
+    fmt::print(stderr, "[spill] synthetic {} ({}) made in {:.2f} s{}\n", flags.synthetic,
                mix.empty() ? std::string("F32") : mix.str(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+               fill == SyntheticFill::OnDemand ? " (its matrices are written as the runner uploads them)" : "");
   return model;
 }
 

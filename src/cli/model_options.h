@@ -8,6 +8,7 @@
 
 #include "engine/open_engine.h"
 #include "model/quantize_on_load.h"
+#include "model/synthetic_source.h"
 
 namespace spill::cli {
 
@@ -34,7 +35,7 @@ void quantize_as_flagged(Model& model, const ModelFlags& flags, int threads, boo
 std::unique_ptr<Model> open_model(const ModelFlags& flags, int threads, bool quiet = false, bool fill = true);
 // A synthetic model of --synthetic's shape, each tensor in the type --quant gives it (planned by
 // the same quantization plan a real checkpoint gets), routing skewed as --routing-skew says.
-std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads, bool quiet, bool fill);
+std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads, bool quiet, SyntheticFill fill);
 
 // --device cpu|cuda|cuda:N|auto into device (which must outlive cmd); a bad value is a
 // spill::Error at parse time. Every command that runs a model has it (engine/open_engine.h).

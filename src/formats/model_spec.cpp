@@ -338,6 +338,9 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& where) {
       s.n_experts = expert_count();
       s.n_experts_per_token = f.integer("num_experts_per_tok");
       s.moe_intermediate_size = f.count("moe_intermediate_size", 0, kMaxWidth);
+      // Not a Qwen3 field (its checkpoints have no shared expert): DeepSeek's always-on experts, which
+      // benchmark shapes add to a qwen3_moe config (../shared/shapes/seed.json) to carry their bytes.
+      s.n_shared_experts = f.count("n_shared_experts", 0, kMaxExperts, 0);
       s.norm_topk_prob = f.boolean("norm_topk_prob", false);
       const int64_t step = f.integer("decoder_sparse_step", 1);
       std::vector<int64_t> dense_layers;

@@ -38,6 +38,7 @@ class CpuRunner final : public ModelRunner {
         rope_(cpu::make_rope_table(spec_.rope, spec_.rope_dims(), spec_.rope_interleaved)) {
     if (kv.block_size <= 0) fail("KV block size must be positive, got {}", kv.block_size);
     if (kv.n_blocks <= 0) fail("the KV cache needs at least one block, got {}", kv.n_blocks);
+    model.prepare_all();  // the forward reads every weight where it lies
     kv_config_.format = KvFormat::F32;
     kv_config_.bytes_per_block = cpu_kv_bytes_per_block(spec_, kv.block_size);
     kv_config_.group_windows = groups_.windows();

@@ -55,6 +55,12 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   const WeightSource& source() const { return *source_; }
+  // WeightSource::prepare / drop / prepare_all of the source: readers that copy weights elsewhere
+  // (the CUDA runner, the expert store) prepare each range before reading it and drop it after;
+  // readers that read weights in place (the CPU runner) prepare everything once.
+  void prepare(const void* p, size_t bytes) const { source_->prepare(p, bytes); }
+  void drop(const void* p, size_t bytes) const { source_->drop(p, bytes); }
+  void prepare_all() const { source_->prepare_all(); }
   // The folder or file the weights came from.
   const std::string& where() const { return source_->where(); }
   // Bytes owned by the model for weights made at load (a transposed copy, a quantized copy); they

@@ -35,6 +35,8 @@ void for_each_weight(Model& m, const std::function<void(const WeightKey&, Tensor
         {WeightRole::QNorm, &w.q_norm},       {WeightRole::KNorm, &w.k_norm},  {WeightRole::MlpNorm, &w.mlp_norm},
         {WeightRole::DenseGate, &w.dense.gate}, {WeightRole::DenseUp, &w.dense.up},
         {WeightRole::DenseDown, &w.dense.down}, {WeightRole::Router, &w.router},
+        {WeightRole::SharedGate, &w.shared.gate}, {WeightRole::SharedUp, &w.shared.up},
+        {WeightRole::SharedDown, &w.shared.down},
     };
     for (auto& [role, view] : plain)
       if (!view->empty()) fn({role, l}, *view);
@@ -67,6 +69,9 @@ quant::TensorSlot slot_of(const WeightKey& key, const TensorView& v) {
     case WeightRole::DenseGate: ffn(TensorKind::FfnGate, FfnOwner::Dense); break;
     case WeightRole::DenseUp: ffn(TensorKind::FfnUp, FfnOwner::Dense); break;
     case WeightRole::DenseDown: ffn(TensorKind::FfnDown, FfnOwner::Dense); break;
+    case WeightRole::SharedGate: ffn(TensorKind::FfnGate, FfnOwner::Shared); break;
+    case WeightRole::SharedUp: ffn(TensorKind::FfnUp, FfnOwner::Shared); break;
+    case WeightRole::SharedDown: ffn(TensorKind::FfnDown, FfnOwner::Shared); break;
     case WeightRole::ExpertGate: case WeightRole::ExpertsGate: ffn(TensorKind::FfnGate, FfnOwner::Routed); break;
     case WeightRole::ExpertUp: case WeightRole::ExpertsUp: ffn(TensorKind::FfnUp, FfnOwner::Routed); break;
     case WeightRole::ExpertDown: case WeightRole::ExpertsDown: ffn(TensorKind::FfnDown, FfnOwner::Routed); break;

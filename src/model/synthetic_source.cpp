@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <vector>
 
@@ -127,7 +131,9 @@ class SyntheticSource final : public WeightSource {
       add(key(WeightRole::ExpertsUp), p + "ffn_up_exps.weight", {E, I, H}, Init::Linear);
       add(key(WeightRole::ExpertsDown), p + "ffn_down_exps.weight", {E, H, I}, Init::Linear);
     }
-    if (options.fill) fill_all();
+    for (size_t i = 0; i < pending_.size(); ++i) by_address_[uintptr_t(tensors_.at(pending_[i].name).data)] = i;
+    if (options.fill != SyntheticFill::Never) fill_at_construction();
+    options_.pool = nullptr;  // the caller's; gone after construction
   }
 
   const std::string& where() const override { return where_; }
@@ -140,6 +146,45 @@ class SyntheticSource final : public WeightSource {
     return fmt::format("{}: {}", where_, it == by_key_.end() ? weight_role_name(key.role) : it->second);
   }
   const std::map<std::string, TensorView>& tensors() const override { return tensors_; }
+
+  void prepare(const void* ptr, size_t bytes) const override {
+    if (options_.fill != SyntheticFill::OnDemand || bytes == 0) return;
+    const Pending* p = tiled_at(uintptr_t(ptr));
+    if (!p) return;
+    const TensorView& t = tensors_.at(p->name);
+    const int64_t b0 = int64_t(uintptr_t(ptr) - uintptr_t(t.data));
+    const int64_t b1 = std::min<int64_t>(int64_t(t.nbytes()), b0 + int64_t(bytes));
+    const uint8_t* pool_rows = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(pools_mutex_);
+      auto it = pools_.find(p->name);
+      if (it == pools_.end()) {
+        ThreadPool one(1);
+        it = pools_.emplace(p->name, make_pool(*p, one)).first;
+      }
+      pool_rows = it->second.data();  // a node of the map: stable while others are added
+    }
+    copy_from_pool(*p, pool_rows, b0, b1);
+  }
+
+  void drop(const void* ptr, size_t bytes) const override {
+    // After prepare_all a reader may read any tensor in place at any time: nothing is given back.
+    if (options_.fill != SyntheticFill::OnDemand || all_prepared_ || bytes == 0 || !tiled_at(uintptr_t(ptr))) return;
+    // Only the pages wholly inside the range: a page shared with a neighbour keeps its bytes.
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (uintptr_t(ptr) + page - 1) / page * page, e = (uintptr_t(ptr) + bytes) / page * page;
+    if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+  }
+
+  void prepare_all() const override {
+    if (options_.fill != SyntheticFill::OnDemand) return;
+    all_prepared_ = true;
+    for (const Pending& p : pending_)
+      if (pool_tiled(p.init)) {
+        const TensorView& t = tensors_.at(p.name);
+        prepare(t.data, t.nbytes());
+      }
+  }
 
  private:
   enum class Init { Embedding, Linear, Norm, Bias, Router, SkewBias };
@@ -171,50 +216,85 @@ class SyntheticSource final : public WeightSource {
   // Rows of a big matrix are copies of a pool of kPoolRows rows, each quantized once.
   static constexpr int64_t kPoolRows = 64;
 
-  void fill_all() {
+  static bool pool_tiled(Init init) { return init == Init::Embedding || init == Init::Linear; }
+  TensorView& view(const Pending& p) { return tensors_.at(p.name); }
+
+  // A tensor drawn row by row (norms, biases, routers, the skew bias): all of it, now.
+  void fill_drawn(const Pending& p) {
+    TensorView& t = view(p);
+    const int64_t rows = t.rows(), cols = t.cols(), rb = t.row_bytes();
+    uint8_t* dst = static_cast<uint8_t*>(const_cast<void*>(t.data));
+    std::vector<float> row(static_cast<size_t>(cols));
+    if (p.init == Init::SkewBias) {
+      // Bias -s * ln(rank) in router-logit standard deviations (router logits have unit variance).
+      std::vector<int64_t> rank(static_cast<size_t>(cols));
+      std::iota(rank.begin(), rank.end(), 1);
+      for (int64_t i = cols - 1; i > 0; --i) std::swap(rank[size_t(i)], rank[splitmix64(p.stream + uint64_t(i)) % uint64_t(i + 1)]);
+      for (int64_t e = 0; e < cols; ++e) row[size_t(e)] = float(-options_.routing_skew * std::log(double(rank[size_t(e)])));
+      quant::quantize_row(t.dtype, row.data(), dst, cols);
+      return;
+    }
+    const float scale = p.init == Init::Norm ? 0.1f : p.init == Init::Bias ? 0.1f : std::sqrt(3.0f / float(cols));
+    const float offset = p.init == Init::Norm ? 1.0f : 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      uniform_row(p.stream + uint64_t(r) * uint64_t(cols), scale, offset, row.data(), cols);
+      quant::quantize_row(t.dtype, row.data(), dst + r * rb, cols);
+    }
+  }
+
+  // The quantized pool rows of a pool-tiled tensor. Embedding rows have unit variance; a linear
+  // layer's rows give unit-variance outputs.
+  std::vector<uint8_t> make_pool(const Pending& p, ThreadPool& pool) const {
+    const TensorView& t = tensors_.at(p.name);
+    const int64_t cols = t.cols(), rb = t.row_bytes(), n_pool = std::min(t.rows(), kPoolRows);
+    const float scale = p.init == Init::Embedding ? std::sqrt(3.0f) : std::sqrt(3.0f / float(cols));
+    std::vector<uint8_t> rows(static_cast<size_t>(n_pool * rb));
+    pool.parallel_for(n_pool, [&](int64_t r0, int64_t r1) {
+      std::vector<float> f(static_cast<size_t>(cols));
+      for (int64_t r = r0; r < r1; ++r) {
+        uniform_row(p.stream + uint64_t(r) * uint64_t(cols), scale, 0.0f, f.data(), cols);
+        quant::quantize_row(t.dtype, f.data(), rows.data() + r * rb, cols);
+      }
+    });
+    return rows;
+  }
+
+  // Bytes [b0, b1) of a pool-tiled tensor from its pool: row r is pool row pick(r), whole or in part.
+  void copy_from_pool(const Pending& p, const uint8_t* pool_rows, int64_t b0, int64_t b1) const {
+    const TensorView& t = tensors_.at(p.name);
+    const int64_t rows = t.rows(), rb = t.row_bytes(), n_pool = std::min(rows, kPoolRows);
+    uint8_t* dst = static_cast<uint8_t*>(const_cast<void*>(t.data));
+    for (int64_t r = b0 / rb; r * rb < b1; ++r) {
+      const uint64_t pick = rows <= kPoolRows ? uint64_t(r) : splitmix64(p.stream ^ uint64_t(r)) % uint64_t(n_pool);
+      const int64_t from = std::max(b0, r * rb), to = std::min(b1, (r + 1) * rb);
+      std::memcpy(dst + from, pool_rows + pick * uint64_t(rb) + (from - r * rb), size_t(to - from));
+    }
+  }
+
+  void fill_at_construction() {
     ThreadPool local(1);
     ThreadPool& pool = options_.pool ? *options_.pool : local;
     for (const Pending& p : pending_) {
-      TensorView& t = tensors_[p.name];
-      const int64_t rows = t.rows(), cols = t.cols(), rb = t.row_bytes();
-      uint8_t* dst = static_cast<uint8_t*>(const_cast<void*>(t.data));
-      std::vector<float> row(static_cast<size_t>(cols));
-      if (p.init == Init::SkewBias) {
-        // Bias -s * ln(rank) in router-logit standard deviations (router logits have unit variance).
-        std::vector<int64_t> rank(static_cast<size_t>(cols));
-        std::iota(rank.begin(), rank.end(), 1);
-        for (int64_t i = cols - 1; i > 0; --i) std::swap(rank[size_t(i)], rank[splitmix64(p.stream + uint64_t(i)) % uint64_t(i + 1)]);
-        for (int64_t e = 0; e < cols; ++e) row[size_t(e)] = float(-options_.routing_skew * std::log(double(rank[size_t(e)])));
-        quant::quantize_row(t.dtype, row.data(), dst, cols);
+      if (!pool_tiled(p.init)) {
+        fill_drawn(p);
         continue;
       }
-      if (p.init != Init::Embedding && p.init != Init::Linear) {  // small tensors: every row its own draw
-        const float scale = p.init == Init::Norm ? 0.1f : p.init == Init::Bias ? 0.1f : std::sqrt(3.0f / float(cols));
-        const float offset = p.init == Init::Norm ? 1.0f : 0.0f;
-        for (int64_t r = 0; r < rows; ++r) {
-          uniform_row(p.stream + uint64_t(r) * uint64_t(cols), scale, offset, row.data(), cols);
-          quant::quantize_row(t.dtype, row.data(), dst + r * rb, cols);
-        }
-        continue;
-      }
-      // Embedding rows have unit variance; a linear layer's rows give unit-variance outputs.
-      const float scale = p.init == Init::Embedding ? std::sqrt(3.0f) : std::sqrt(3.0f / float(cols));
-      const int64_t n_pool = std::min(rows, kPoolRows);
-      std::vector<uint8_t> pool_rows(static_cast<size_t>(n_pool * rb));
-      pool.parallel_for(n_pool, [&](int64_t r0, int64_t r1) {
-        std::vector<float> f(static_cast<size_t>(cols));
-        for (int64_t r = r0; r < r1; ++r) {
-          uniform_row(p.stream + uint64_t(r) * uint64_t(cols), scale, 0.0f, f.data(), cols);
-          quant::quantize_row(t.dtype, f.data(), pool_rows.data() + r * rb, cols);
-        }
-      });
-      pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const uint64_t pick = rows <= kPoolRows ? uint64_t(r) : splitmix64(p.stream ^ uint64_t(r)) % uint64_t(n_pool);
-          std::copy_n(pool_rows.data() + pick * uint64_t(rb), rb, dst + r * rb);
-        }
-      });
+      if (options_.fill == SyntheticFill::OnDemand) continue;
+      const std::vector<uint8_t> pool_rows = make_pool(p, pool);
+      const TensorView& t = view(p);
+      const int64_t rb = t.row_bytes();
+      pool.parallel_for(t.rows(), [&](int64_t r0, int64_t r1) { copy_from_pool(p, pool_rows.data(), r0 * rb, r1 * rb); });
     }
+  }
+
+  // The pool-tiled tensor that holds address a, or null.
+  const Pending* tiled_at(uintptr_t a) const {
+    auto it = by_address_.upper_bound(a);
+    if (it == by_address_.begin()) return nullptr;
+    const Pending& p = pending_[std::prev(it)->second];
+    const TensorView& t = tensors_.at(p.name);
+    const uintptr_t base = uintptr_t(t.data);
+    return a < base + t.nbytes() && pool_tiled(p.init) ? &p : nullptr;
   }
 
   ModelSpec spec_;
@@ -224,6 +304,10 @@ class SyntheticSource final : public WeightSource {
   std::map<std::string, TensorView> tensors_;
   std::map<uint64_t, std::string> by_key_;
   std::vector<Pending> pending_;
+  std::map<uintptr_t, size_t> by_address_;  // tensor start -> pending_ index
+  mutable std::mutex pools_mutex_;
+  mutable std::atomic<bool> all_prepared_{false};
+  mutable std::map<std::string, std::vector<uint8_t>> pools_;  // OnDemand: pool rows made so far
 };
 
 }  // namespace

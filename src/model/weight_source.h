@@ -63,6 +63,16 @@ class WeightSource {
   virtual std::string describe(const WeightKey& key) const = 0;
   // Every tensor by this source's own names (spill info, spill dequant).
   virtual const std::map<std::string, TensorView>& tensors() const = 0;
+
+  // Residency of the bytes, for sources that make them on demand (a synthetic model larger than
+  // host RAM): prepare() fills [p, p + bytes) of a tensor before it is read; drop() gives the
+  // whole pages inside such a range back once its bytes were copied to where they live (VRAM, a
+  // pinned arena), and a later read must prepare() it again; prepare_all() fills every tensor, for
+  // readers that read weights where they lie (the CPU runner). Addresses outside this source's
+  // tensors are ignored. No-ops for files and buffers that already hold their bytes.
+  virtual void prepare(const void* /*p*/, size_t /*bytes*/) const {}
+  virtual void drop(const void* /*p*/, size_t /*bytes*/) const {}
+  virtual void prepare_all() const {}
 };
 
 // A Hugging Face folder: config.json's architecture decides the tensor names (Mixtral's

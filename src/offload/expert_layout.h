@@ -15,6 +15,7 @@
 // read requests and DRAM bursts for a few hundred bytes per expert).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ struct ExpertSources {
   std::string where;  // the model, for messages
   int64_t n_layers = 0, top_k = 0;
   std::vector<MoeLayerSource> moe_layers{};
+  // The model's residency hooks (Model::prepare / drop): a range is prepared before it is copied
+  // and dropped after, so a model made on demand never holds more than what is in flight. Empty:
+  // the bytes are there and stay.
+  std::function<void(const void*, size_t)> prepare{}, drop{};
 };
 
 // Checks the plan against the model before anything is allocated: layer count, which layers are

@@ -68,7 +68,7 @@ struct CopyJob {
   const uint8_t* src;
   size_t bytes;
 };
-void parallel_copy(const std::vector<CopyJob>& jobs, int node) {
+void parallel_copy(const std::vector<CopyJob>& jobs, int node, const ExpertSources& sources) {
   const unsigned n = std::clamp(std::thread::hardware_concurrency() / 2, 1u, 16u);
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < n; ++t)
@@ -76,7 +76,11 @@ void parallel_copy(const std::vector<CopyJob>& jobs, int node) {
       // Copy threads run on the arena's node: its pages are faulted in (first touch) there even
       // where the range's policy is only a preference.
       if (node >= 0 && numa_available() >= 0) numa_run_on_node(node);
-      for (size_t i = t; i < jobs.size(); i += n) std::memcpy(jobs[i].dst, jobs[i].src, jobs[i].bytes);
+      for (size_t i = t; i < jobs.size(); i += n) {
+        if (sources.prepare) sources.prepare(jobs[i].src, jobs[i].bytes);
+        std::memcpy(jobs[i].dst, jobs[i].src, jobs[i].bytes);
+        if (sources.drop) sources.drop(jobs[i].src, jobs[i].bytes);
+      }
     });
   for (std::thread& th : threads) th.join();
 }
@@ -190,7 +194,7 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
         }
       }
       trace(fmt::format("host copy: {} into the arena", format_bytes(lay.host_copy_bytes)));
-      parallel_copy(jobs, node);
+      parallel_copy(jobs, node, sources);
       rep.times.host_copy = since(t);
 
       t = Clock::now();
@@ -287,9 +291,15 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
           span = arena_device + place.offset;
         } else {
           span = vram[i] + place.offset;
-          cuda_ok(cudaMemcpy(span + ll.span.gate, x.gate, size_t(ml.gate_bytes()), cudaMemcpyHostToDevice), "copying experts to VRAM");
-          cuda_ok(cudaMemcpy(span + ll.span.up, x.up, size_t(ml.gate_bytes()), cudaMemcpyHostToDevice), "copying experts to VRAM");
-          cuda_ok(cudaMemcpy(span + ll.span.down, x.down, size_t(ml.down_bytes()), cudaMemcpyHostToDevice), "copying experts to VRAM");
+          const std::pair<const uint8_t*, int64_t> parts[3] = {
+              {x.gate, ml.gate_bytes()}, {x.up, ml.gate_bytes()}, {x.down, ml.down_bytes()}};
+          const int64_t at[3] = {ll.span.gate, ll.span.up, ll.span.down};
+          for (int k = 0; k < 3; ++k) {
+            if (sources.prepare) sources.prepare(parts[k].first, size_t(parts[k].second));
+            cuda_ok(cudaMemcpy(span + at[k], parts[k].first, size_t(parts[k].second), cudaMemcpyHostToDevice),
+                    "copying experts to VRAM");
+            if (sources.drop) sources.drop(parts[k].first, size_t(parts[k].second));
+          }
         }
         w = {span + ll.span.gate, span + ll.span.up, span + ll.span.down};
       }

@@ -15,6 +15,8 @@ namespace spill::offload {
 ExpertSources expert_sources(const Model& model) {
   const ModelSpec& s = model.spec();
   ExpertSources out{.where = model.where(), .n_layers = s.n_layers, .top_k = s.n_experts_per_token};
+  out.prepare = [&model](const void* p, size_t n) { model.prepare(p, n); };
+  out.drop = [&model](const void* p, size_t n) { model.drop(p, n); };
   for (int64_t l = 0; l < s.n_layers; ++l) {
     if (!s.layer_is_moe[size_t(l)]) continue;
     const LayerWeights& lw = model.layers[size_t(l)];

@@ -10,7 +10,8 @@
 //
 // Usage: cuda_decode_bench [--shape s30.json] [--quant MIX] [--batches 1,4,8] [--context N]
 //                          [--steps N] [--ceiling GBps] [--layers N]
-//                          [--host-share F | --plan FILE | --gpu-mem BYTES] [--expert-cache-mem BYTES]
+//                          [--host-share F | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
+//                          [--expert-cache-mem BYTES]
 //                          [--routing-skew zipf:S]
 //                          [--warmup N]
 // With host experts, the host bytes each step read are also measured (the runner's expert
@@ -58,6 +59,7 @@ struct Args {
   double host_share = 0;  // > 0: this share of every MoE layer's experts in host RAM (a uniform plan)
   std::string plan;       // a placement plan file (spill plan --out) instead
   std::string gpu_mem;    // --gpu-mem: plan at start-up as spill serve does (the fit report is printed)
+  std::string host_experts;  // --host-experts: with --gpu-mem, at least this share of experts on host
   std::string cache_mem;  // --expert-cache-mem
   std::string routing_skew;
   // --expert-counts / --no-expert-counts: count always / never (default: with a plan, as serving does)
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
     else if (f == "--plan") a.plan = next();
     else if (f == "--expert-cache-mem") a.cache_mem = next();
     else if (f == "--gpu-mem") a.gpu_mem = next();
+    else if (f == "--host-experts") a.host_experts = next();
     else if (f == "--no-expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Off;
     else if (f == "--expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Always;
     else if (f == "--routing-skew") a.routing_skew = next();
@@ -144,7 +147,7 @@ int main(int argc, char** argv) {
     flags.routing_skew = a.routing_skew;
     const auto t0 = std::chrono::steady_clock::now();
     // --model: a real file (a GGUF as published, or the random-weight GGUF a peer is measured on).
-    auto model = a.model.empty() ? cli::open_synthetic_model(flags, 0, false, true) : Model::load(a.model);
+    auto model = a.model.empty() ? cli::open_synthetic_model(flags, 0, false, SyntheticFill::OnDemand) : Model::load(a.model);
     const ModelSpec& spec = model->spec();
     const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
     const int32_t bs = 16;
@@ -161,7 +164,8 @@ int main(int argc, char** argv) {
     if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
     else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
     else if (!a.gpu_mem.empty()) {
-      offload::StartupPlacement flags_mem{.gpu_mem = a.gpu_mem, .expert_cache_mem = a.cache_mem};
+      offload::StartupPlacement flags_mem{
+          .gpu_mem = a.gpu_mem, .host_experts = a.host_experts, .expert_cache_mem = a.cache_mem};
       offload::StartupPlan planned =
           offload::plan_at_startup(*model, flags_mem, max_b, config.max_model_len, config.max_batch_tokens, 0);
       std::printf("placement at start-up (--gpu-mem %s):\n%s\n", a.gpu_mem.c_str(), planned.fit_report.c_str());
@@ -178,7 +182,7 @@ int main(int argc, char** argv) {
     for (const LayerWeights& w : model->layers) {
       for (const TensorView* t : {&w.attn_norm, &w.q, &w.k, &w.v, &w.o, &w.q_bias, &w.k_bias, &w.v_bias, &w.o_bias,
                                   &w.q_norm, &w.k_norm, &w.mlp_norm, &w.dense.gate, &w.dense.up, &w.dense.down,
-                                  &w.router, &w.router_bias})
+                                  &w.router, &w.router_bias, &w.shared.gate, &w.shared.up, &w.shared.down})
         dense_bytes += bytes_of(*t);
       if (!w.experts.empty())
         expert_bytes = bytes_of(w.experts[0].gate) + bytes_of(w.experts[0].up) + bytes_of(w.experts[0].down);

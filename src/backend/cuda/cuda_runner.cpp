@@ -106,8 +106,11 @@ struct DeviceLayer {
   const float* qkv_bias = nullptr;  // [q_dim + 2 kv_dim], or null
   const float* o_bias = nullptr;
   bool moe = false;
-  // Dense MLP: gate_up (gate rows then up rows) or gate and up apart.
+  // A SwiGLU MLP: the dense MLP of a dense layer, the shared experts of a MoE layer (all of them
+  // one MLP of width n_shared x moe_intermediate, as the CPU forward runs them); gate_up (gate rows
+  // then up rows) or gate and up apart.
   DeviceMatrix gate_up, gate, up, down;
+  int64_t mlp_width = 0;  // 0: none
   // Routed experts.
   DeviceMatrix router;
   const float* router_bias = nullptr;
@@ -183,6 +186,8 @@ class CudaRunner final : public ModelRunner {
   int64_t run_step(const ForwardBatch& batch, ForwardObserver* observer, std::vector<float>* logits);
   void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias);
   void experts(const DeviceLayer& layer, const float* x, int64_t n, float* out);
+  // The layer's SwiGLU MLP (dense, or the shared experts): out = down(silu(gate x) * up x).
+  void swiglu_mlp(const DeviceLayer& layer, const float* x, int64_t n, float* out);
   void observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows, int64_t cols);
   // With config.profile_ops: an event after each op; the time since the previous mark is the op's.
   void mark(const char* op);
@@ -225,6 +230,7 @@ class CudaRunner final : public ModelRunner {
   float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *proj_ = nullptr, *mlp_out_ = nullptr;
   float *router_logits_ = nullptr, *route_weights_ = nullptr, *gate_up_ = nullptr, *mlp_act_ = nullptr;
   float *final_rows_ = nullptr, *logits_dev_ = nullptr, *attn_workspace_ = nullptr, *scratch_ = nullptr;
+  float* shared_out_ = nullptr;  // [N, H]: a MoE layer's shared experts, added with its routed ones
   int32_t* route_ids_ = nullptr;
   void* moe_workspace_ = nullptr;
   int64_t logit_rows_per_pass_ = 0;
@@ -277,13 +283,15 @@ struct CudaRunner::Uploader {
   PinnedAlloc stage[2];
   cudaEvent_t done[2] = {nullptr, nullptr};
   int turn = 0;
+  const Model* model = nullptr;  // prepares what is read and drops what was uploaded (Model::prepare)
   ~Uploader() {
     for (cudaEvent_t e : done)
       if (e) cudaEventDestroy(e);
   }
-  void start(uint8_t* device_base, cudaStream_t s) {
+  void start(uint8_t* device_base, cudaStream_t s, const Model& m) {
     base = device_base;
     stream = s;
+    model = &m;
     for (int i = 0; i < 2; ++i) {
       stage[i].reserve(kStage);
       check(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming), "CUDA runner: creating an event");
@@ -297,8 +305,11 @@ struct CudaRunner::Uploader {
     used += align_up(bytes);
     return p;
   }
-  void copy(void* dst, const void* src, size_t bytes) {
+  // Copies bytes of the model (or of a host buffer) to the device; `drop` gives the model's pages
+  // back once they are staged (the weights of a model made on demand are written as they go up).
+  void copy(void* dst, const void* src, size_t bytes, bool drop = false) {
     if (!base) return;
+    model->prepare(src, bytes);
     for (size_t at = 0; at < bytes; at += kStage) {
       const size_t len = std::min(kStage, bytes - at);
       check(cudaEventSynchronize(done[turn]), "CUDA runner: uploading weights");
@@ -308,6 +319,7 @@ struct CudaRunner::Uploader {
       check(cudaEventRecord(done[turn], stream), "CUDA runner: uploading weights");
       turn ^= 1;
     }
+    if (drop) model->drop(src, bytes);
   }
   // A vector (norm weight, bias) as f32, exactly as cpu::load_row reads it.
   const float* vec(const TensorView& t, int64_t expected, const char* what, int64_t layer) {
@@ -320,13 +332,15 @@ struct CudaRunner::Uploader {
       TensorView row = t;
       row.ndim = 2;
       row.shape = {1, expected, 0, 0};
+      model->prepare(t.data, t.nbytes());
       cpu::load_row(row, 0, v.data());
       copy(p, v.data(), v.size() * 4);
     }
     return reinterpret_cast<const float*>(p);
   }
-  // Matrices stacked by rows (same type and columns): one device matrix.
-  DeviceMatrix matrix(std::initializer_list<const TensorView*> parts, const std::string& what) {
+  // Matrices stacked by rows (same type and columns): one device matrix. The model's copies are
+  // dropped once uploaded unless `keep_host` (a matrix the host also reads).
+  DeviceMatrix matrix(std::initializer_list<const TensorView*> parts, const std::string& what, bool keep_host = false) {
     DeviceMatrix m;
     const TensorView& first = **parts.begin();
     m.type = first.dtype;
@@ -341,7 +355,7 @@ struct CudaRunner::Uploader {
     uint8_t* p = take(bytes);
     size_t at = 0;
     for (const TensorView* t : parts) {
-      copy(p + at, t->data, t->nbytes());
+      copy(p + at, t->data, t->nbytes(), !keep_host);
       at += t->nbytes();
     }
     m.data = p ? p : reinterpret_cast<const void*>(uintptr_t(1));  // non-null marks "present" when counting
@@ -384,7 +398,6 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   unsupported(spec_.sliding_window > 0, "sliding-window attention");
   unsupported(spec_.attention_out_bias, "an output-projection bias");
   unsupported(spec_.router.kind != RouterKind::SoftmaxTopK, "this router (sigmoid / top-k-then-softmax)");
-  unsupported(spec_.n_shared_experts > 0, "shared experts");
   unsupported(spec_.expert_activation != MlpActivation::SwiGLU, "the clamped SwiGLU");
   unsupported(spec_.expert_bias, "expert biases");
   unsupported(spec_.rope_interleaved || spec_.rope_dims() != spec_.head_dim, "interleaved or partial rotary");
@@ -442,7 +455,9 @@ void CudaRunner::upload_weights(const Model& model) {
     layers_.assign(size_t(L), DeviceLayer{});
     embed_on_device_ = cuda::embed_rows_supported(model.embed.dtype);
     const bool tied = model.lm_head.data == model.embed.data;
-    if (embed_on_device_ || tied) embed_ = up.matrix({&model.embed}, "embedding");
+    // Embedding rows the GPU cannot decode are looked up on the host at every step.
+    if (!embed_on_device_ && up.base) model.prepare(model.embed.data, model.embed.nbytes());
+    if (embed_on_device_ || tied) embed_ = up.matrix({&model.embed}, "embedding", /*keep_host=*/!embed_on_device_);
     lm_head_ = tied ? embed_ : up.matrix({&model.lm_head}, "LM head");
     final_norm_ = up.vec(model.final_norm, H, "final norm", -1);
     {
@@ -501,16 +516,21 @@ void CudaRunner::upload_weights(const Model& model) {
       d.o = up.matrix({&w.o}, at + " o");
       d.o_bias = up.vec(w.o_bias, H, "o bias", l);
       d.moe = spec_.layer_is_moe[size_t(l)];
-      if (!d.moe) {
-        if (w.dense.gate.dtype == w.dense.up.dtype) {
-          d.gate_up = up.matrix({&w.dense.gate, &w.dense.up}, at + " gate/up");
+      auto swiglu = [&](const ExpertWeights& mlp, const std::string& what) {
+        if (mlp.gate.dtype == mlp.up.dtype) {
+          d.gate_up = up.matrix({&mlp.gate, &mlp.up}, at + " " + what + " gate/up");
         } else {
-          d.gate = up.matrix({&w.dense.gate}, at + " gate");
-          d.up = up.matrix({&w.dense.up}, at + " up");
+          d.gate = up.matrix({&mlp.gate}, at + " " + what + " gate");
+          d.up = up.matrix({&mlp.up}, at + " " + what + " up");
         }
-        d.down = up.matrix({&w.dense.down}, at + " down");
+        d.down = up.matrix({&mlp.down}, at + " " + what + " down");
+        d.mlp_width = mlp.gate.rows();
+      };
+      if (!d.moe) {
+        swiglu(w.dense, "MLP");
         continue;
       }
+      if (spec_.n_shared_experts > 0) swiglu(w.shared, "shared experts");
       d.router = up.matrix({&w.router}, at + " router");
       d.router_bias = up.vec(w.router_bias, spec_.n_experts, "router bias", l);
       if (int64_t(w.experts.size()) != spec_.n_experts)
@@ -530,9 +550,9 @@ void CudaRunner::upload_weights(const Model& model) {
         // One span per expert: gate, up, down, each 16-byte aligned (moe.h's expert_span_layout).
         const size_t g = align_up(e.gate.nbytes(), 16), u = align_up(e.up.nbytes(), 16);
         uint8_t* span = up.take(g + u + e.down.nbytes());
-        up.copy(span, e.gate.data, e.gate.nbytes());
-        up.copy(span + g, e.up.data, e.up.nbytes());
-        up.copy(span + g + u, e.down.data, e.down.nbytes());
+        up.copy(span, e.gate.data, e.gate.nbytes(), /*drop=*/true);
+        up.copy(span + g, e.up.data, e.up.nbytes(), /*drop=*/true);
+        up.copy(span + g + u, e.down.data, e.down.nbytes(), /*drop=*/true);
         if (up.base) where.push_back({span, span + g, span + g + u});
       }
       d.expert_table = reinterpret_cast<cuda::ExpertWeights*>(up.take(size_t(spec_.n_experts) * sizeof(cuda::ExpertWeights)));
@@ -544,7 +564,7 @@ void CudaRunner::upload_weights(const Model& model) {
   weights_.allocate(counter.used, "the weights");
   weight_bytes_ = int64_t(counter.used);
   Uploader placer;
-  placer.start(weights_.as<uint8_t>(), stream_);
+  placer.start(weights_.as<uint8_t>(), stream_, model);
   pass(placer);
   placer.finish();
   if (config_.expert_plan) {
@@ -664,7 +684,8 @@ void CudaRunner::build_expert_tables(int64_t layer, std::span<const cuda::Expert
 void CudaRunner::allocate_workspace() {
   const int64_t N = config_.max_batch_tokens, H = spec_.hidden_size, Q = spec_.q_dim(), KV = spec_.kv_dim();
   const int64_t E = std::max<int64_t>(spec_.n_experts, 1), K = std::max<int64_t>(spec_.n_experts_per_token, 1);
-  const int64_t I = std::max<int64_t>(spec_.intermediate_size, 1);
+  // The widest SwiGLU MLP: a dense layer's, or a MoE layer's shared experts.
+  const int64_t I = std::max<int64_t>({spec_.intermediate_size, spec_.shared_intermediate_size(), 1});
   logit_rows_per_pass_ = std::min<int64_t>(N, std::max<int64_t>(config_.max_seqs, 1));
   // Split-attention partials per token: the graph buckets round the partitions up to a power of two.
   int64_t parts_cap = 1;
@@ -696,6 +717,7 @@ void CudaRunner::allocate_workspace() {
       {reinterpret_cast<void**>(&logits_dev_), logit_rows_per_pass_ * spec_.vocab_size * 4},
       {reinterpret_cast<void**>(&attn_workspace_), std::max<int64_t>(per_token_attn * attn_tokens_per_call_, 1) * 4},
       {reinterpret_cast<void**>(&scratch_), N * H * 4},
+      {reinterpret_cast<void**>(&shared_out_), spec_.n_shared_experts > 0 ? N * H * 4 : 4},
       {&moe_workspace_, std::max<int64_t>(moe_ws, 16)},
   };
   int64_t total = 0;
@@ -817,6 +839,20 @@ void CudaRunner::experts(const DeviceLayer& d, const float* x, int64_t n, float*
   a.workspace = moe_workspace_;
   cuda::moe_experts_float(a, stream_);
   launches_ += 3;
+}
+
+void CudaRunner::swiglu_mlp(const DeviceLayer& d, const float* x, int64_t n, float* out) {
+  const int64_t I = d.mlp_width;
+  if (!d.gate_up.empty()) {
+    linear(d.gate_up, x, n, gate_up_, nullptr);
+    cuda::silu_mul(gate_up_, nullptr, n, I, mlp_act_, stream_);
+  } else {
+    linear(d.gate, x, n, gate_up_, nullptr);
+    linear(d.up, x, n, gate_up_ + n * I, nullptr);
+    cuda::silu_mul(gate_up_, gate_up_ + n * I, n, I, mlp_act_, stream_);
+  }
+  ++launches_;
+  linear(d.down, mlp_act_, n, out, nullptr);
 }
 
 void CudaRunner::observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows,
@@ -1024,11 +1060,13 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
   const size_t kv_elem = config_.kv_dtype == DType::F32 ? 4 : 2;
   const int attention_launches = st.grid_parts > 1 ? 2 : cuda::attention_launches(max_positions);
   bool pending_residual = false;  // mlp_out_ still to be added to x_
+  bool pending_shared = false;    // and shared_out_ with it
   for (int64_t l = 0; l < spec_.n_layers; ++l) {
     const DeviceLayer& d = layers_[size_t(l)];
     const int layer = int(l);
-    cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr, .weight = d.attn_norm, .out = h_, .n = n,
-                   .dim = H, .eps = spec_.rms_norm_eps},
+    cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr,
+                   .residual2 = pending_residual && pending_shared ? shared_out_ : nullptr, .weight = d.attn_norm,
+                   .out = h_, .n = n, .dim = H, .eps = spec_.rms_norm_eps},
                   stream_);
     ++launches_;
     mark("rmsnorm + residual");
@@ -1098,26 +1136,23 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
       }
       experts(d, h_, n, mlp_out_);
       mark("routed experts");
-    } else {
-      const int64_t I = spec_.intermediate_size;
-      if (!d.gate_up.empty()) {
-        linear(d.gate_up, h_, n, gate_up_, nullptr);
-        cuda::silu_mul(gate_up_, nullptr, n, I, mlp_act_, stream_);
-        ++launches_;
-      } else {
-        linear(d.gate, h_, n, gate_up_, nullptr);
-        linear(d.up, h_, n, gate_up_ + n * I, nullptr);
-        cuda::silu_mul(gate_up_, gate_up_ + n * I, n, I, mlp_act_, stream_);
-        ++launches_;
+      pending_shared = d.mlp_width > 0;
+      if (pending_shared) {
+        swiglu_mlp(d, h_, n, shared_out_);
+        mark("shared experts");
       }
-      linear(d.down, mlp_act_, n, mlp_out_, nullptr);
+    } else {
+      swiglu_mlp(d, h_, n, mlp_out_);
+      pending_shared = false;
       mark("dense MLP");
     }
     pending_residual = true;
     if (observer && l + 1 == spec_.n_layers) {
-      check(cudaMemcpyAsync(scratch_, x_, size_t(n * H) * 4, cudaMemcpyDeviceToDevice, stream_), "observing");
-      cuda::add_inplace(scratch_, mlp_out_, n * H, stream_);
-      ++launches_;
+      // x + (mlp_out + shared_out), the additions in the order the residual norm makes them.
+      check(cudaMemcpyAsync(scratch_, mlp_out_, size_t(n * H) * 4, cudaMemcpyDeviceToDevice, stream_), "observing");
+      if (pending_shared) cuda::add_inplace(scratch_, shared_out_, n * H, stream_);
+      cuda::add_inplace(scratch_, x_, n * H, stream_);
+      launches_ += pending_shared ? 2 : 1;
       observe(observer, "layer_out", layer, scratch_, n, H);
     }
   }
@@ -1134,7 +1169,9 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
   // ---- final norm and LM head on the rows that want logits, a pass of logit_rows_per_pass_ at a time ----
   for (int64_t r0 = 0; r0 < R; r0 += logit_rows_per_pass_) {
     const int64_t nr = std::min(logit_rows_per_pass_, R - r0);
-    cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr, .rows = rows_d + r0, .weight = final_norm_,
+    cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr,
+                   .residual2 = pending_residual && pending_shared ? shared_out_ : nullptr, .rows = rows_d + r0,
+                   .weight = final_norm_,
                    .out = final_rows_, .n = nr, .dim = H, .eps = spec_.rms_norm_eps},
                   stream_);
     ++launches_;

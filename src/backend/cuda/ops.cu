@@ -151,8 +151,10 @@ __global__ void rmsnorm_kernel(RmsNormArgs a) {
   float* x = a.x + i * a.ld_x;
   if (a.residual) {
     const float* res = a.residual + i * a.ld_x;
+    const float* res2 = a.residual2 ? a.residual2 + i * a.ld_x : nullptr;
 #pragma unroll 4
-    for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock) x[j] = __fadd_rn(x[j], res[j]);
+    for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock)
+      x[j] = __fadd_rn(x[j], res2 ? __fadd_rn(res[j], res2[j]) : res[j]);
   }
   __syncthreads();
   const float scale = rms_scale<kNormBlock>(x, a.dim, a.eps);
@@ -174,9 +176,10 @@ __global__ void __launch_bounds__(kNormVecBlock) rmsnorm_vec_kernel(RmsNormArgs 
   const int64_t i = a.rows ? a.rows[r] : r;
   float4* x = reinterpret_cast<float4*>(a.x + i * a.ld_x);
   const float4* res = a.residual ? reinterpret_cast<const float4*>(a.residual + i * a.ld_x) : nullptr;
+  const float4* res2 = a.residual && a.residual2 ? reinterpret_cast<const float4*>(a.residual2 + i * a.ld_x) : nullptr;
   const float4* w = reinterpret_cast<const float4*>(a.weight);
   const int chunks = int(a.dim / 4);
-  float4 v[kChunks], wv[kChunks], rv[kChunks];
+  float4 v[kChunks], wv[kChunks], rv[kChunks], r2v[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int at = int(threadIdx.x) + c * kNormVecBlock;
@@ -184,6 +187,7 @@ __global__ void __launch_bounds__(kNormVecBlock) rmsnorm_vec_kernel(RmsNormArgs 
       v[c] = x[at];
       wv[c] = w[at];
       if (res) rv[c] = res[at];
+      if (res2) r2v[c] = res2[at];
     }
   }
   double s = 0;
@@ -191,6 +195,9 @@ __global__ void __launch_bounds__(kNormVecBlock) rmsnorm_vec_kernel(RmsNormArgs 
   for (int c = 0; c < kChunks; ++c) {
     const int at = int(threadIdx.x) + c * kNormVecBlock;
     if (at < chunks) {
+      if (res2)
+        rv[c] = make_float4(__fadd_rn(rv[c].x, r2v[c].x), __fadd_rn(rv[c].y, r2v[c].y), __fadd_rn(rv[c].z, r2v[c].z),
+                            __fadd_rn(rv[c].w, r2v[c].w));
       if (res) {
         v[c] = make_float4(__fadd_rn(v[c].x, rv[c].x), __fadd_rn(v[c].y, rv[c].y), __fadd_rn(v[c].z, rv[c].z),
                            __fadd_rn(v[c].w, rv[c].w));
@@ -1411,7 +1418,8 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
   if (a.ld_out == 0) a.ld_out = a.dim;
   const bool vec = a.dim % 4 == 0 && a.ld_x % 4 == 0 && a.ld_out % 4 == 0 &&
                    (reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.out) |
-                    reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.residual)) % 16 == 0;
+                    reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.residual) |
+                    reinterpret_cast<uintptr_t>(a.residual2)) % 16 == 0;
   const int64_t per_thread = (a.dim / 4 + kNormVecBlock - 1) / kNormVecBlock;
   const dim3 grid(grid_dim(a.n, "rmsnorm"));
   if (vec && per_thread <= 1)

@@ -38,6 +38,9 @@ void embed_rows(const void* table, DType type, int64_t vocab, int64_t hidden, co
 struct RmsNormArgs {
   float* x = nullptr;               // [.., dim]
   const float* residual = nullptr;  // [.., dim] or null
+  // [.., dim] or null: a second residual (a shared expert's output beside the routed experts'),
+  // x += residual + residual2 in that order, as the CPU forward adds them
+  const float* residual2 = nullptr;
   const int32_t* rows = nullptr;    // [n] input row per output row, or null (identity)
   const float* weight = nullptr;    // [dim] f32
   float* out = nullptr;             // [n, dim]
