@@ -675,8 +675,9 @@ TEST(CudaRunnerModels, ExpertsInHostRamGiveTheLogitsOfExpertsInVram) {
   auto model = small_offload_model(dir, 23);
   int64_t n_blocks = 0;
   Steps s = make_steps(1, 64, 16, &n_blocks, 13);
-  auto run = [&](std::optional<offload::PlacementPlan> plan, CudaRunnerStats* stats) {
+  auto run = [&](std::optional<offload::PlacementPlan> plan, CudaRunnerStats* stats, bool stage = true) {
     CudaRunnerConfig c = small_offload_config(n_blocks, std::move(plan));
+    c.stage_host_experts = stage;
     auto gpu = make_cuda_runner(*model, c);
     std::vector<float> all, lg;
     std::vector<int32_t> prompt = {3, 77, 150, 9, 400, 12, 31};
@@ -689,12 +690,16 @@ TEST(CudaRunnerModels, ExpertsInHostRamGiveTheLogitsOfExpertsInVram) {
       all.insert(all.end(), lg.begin(), lg.end());
     }
     *stats = cuda_runner_stats(*gpu);
+    // The 7-token prefill touches most host experts: staged (offload/expert_staging.h) unless off.
+    EXPECT_EQ(gpu->expert_traffic().staged_steps, plan && stage ? 1 : 0);
     return all;
   };
   CudaRunnerStats vram_stats, host_stats;
   const std::vector<float> vram = run(std::nullopt, &vram_stats);
   for (double share : {0.25, 1.0}) {
     const offload::PlacementPlan plan = offload::uniform_plan_for(*model, share, 5);
+    const std::vector<float> in_place = run(plan, &host_stats, /*stage=*/false);
+    EXPECT_EQ(std::memcmp(in_place.data(), vram.data(), vram.size() * 4), 0) << "host share " << share << ", in place";
     const std::vector<float> host = run(plan, &host_stats);
     ASSERT_EQ(host.size(), vram.size());
     EXPECT_EQ(std::memcmp(host.data(), vram.data(), vram.size() * 4), 0) << "host share " << share;
@@ -758,6 +763,12 @@ TEST(CudaRunnerModels, ExpertCacheKeepsTheLogitsAndCountsEveryRouting) {
   const Run host = run(all_host, 0);
   EXPECT_EQ(std::memcmp(host.logits.data(), vram.logits.data(), vram.logits.size() * 4), 0);
   EXPECT_EQ(host.end.host_routings, host.end.routings);
+  // The prefill copied every host expert to VRAM once (each span padded to 256 bytes per matrix).
+  EXPECT_EQ(host.after_prefill.staged_steps, 1);
+  EXPECT_EQ(host.after_prefill.host_bytes, host.after_prefill.staged_bytes);
+  EXPECT_GE(host.after_prefill.staged_bytes, moe_layers * 8 * expert_bytes);
+  EXPECT_LE(host.after_prefill.staged_bytes, moe_layers * 8 * (expert_bytes + 3 * 256));
+  EXPECT_EQ(host.end.staged_steps, 1);
   EXPECT_EQ(host.end.host_bytes - host.after_prefill.host_bytes, int64_t(decode_steps) * top_k * moe_layers * expert_bytes);
   EXPECT_EQ(host.end.cache_routings, 0);
 

@@ -89,7 +89,9 @@ struct ExpertTraffic {
   int64_t routings = 0;        // (token, slot) pairs over all MoE layers
   int64_t host_routings = 0;   // of which to an expert read in place from host RAM
   int64_t cache_routings = 0;  // of which to a host expert served from the VRAM expert cache
-  int64_t host_bytes = 0;      // expert bytes read over PCIe (a touched host expert once per step)
+  int64_t host_bytes = 0;      // expert bytes read over PCIe (a touched host expert once per MoE call)
+  int64_t staged_steps = 0;    // steps that copied every host expert to VRAM once instead (prefill)
+  int64_t staged_bytes = 0;    // of host_bytes, those copies
   int64_t cache_copies = 0;    // host experts copied into the VRAM expert cache
   int64_t cache_copy_bytes = 0;
   int64_t cache_evictions = 0;

@@ -11,7 +11,7 @@
 // Usage: cuda_decode_bench [--shape s30.json] [--quant MIX] [--batches 1,4,8] [--context N]
 //                          [--steps N] [--ceiling GBps] [--layers N]
 //                          [--host-share F | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
-//                          [--expert-cache-mem BYTES]
+//                          [--expert-cache-mem BYTES] [--no-staging]
 //                          [--routing-skew zipf:S]
 //                          [--warmup N]
 // With host experts, the host bytes each step read are also measured (the runner's expert
@@ -60,6 +60,7 @@ struct Args {
   std::string plan;       // a placement plan file (spill plan --out) instead
   std::string gpu_mem;    // --gpu-mem: plan at start-up as spill serve does (the fit report is printed)
   std::string host_experts;  // --host-experts: with --gpu-mem, at least this share of experts on host
+  bool staging = true;       // --no-staging: prefill reads host experts in place
   std::string cache_mem;  // --expert-cache-mem
   std::string routing_skew;
   // --expert-counts / --no-expert-counts: count always / never (default: with a plan, as serving does)
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
     else if (f == "--expert-cache-mem") a.cache_mem = next();
     else if (f == "--gpu-mem") a.gpu_mem = next();
     else if (f == "--host-experts") a.host_experts = next();
+    else if (f == "--no-staging") a.staging = false;
     else if (f == "--no-expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Off;
     else if (f == "--expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Always;
     else if (f == "--routing-skew") a.routing_skew = next();
@@ -161,6 +163,7 @@ int main(int argc, char** argv) {
     config.profile_ops = a.profile;
     config.cuda_graphs = a.graphs;
     config.count_experts = a.counting;
+    config.stage_host_experts = a.staging;
     if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
     else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
     else if (!a.gpu_mem.empty()) {

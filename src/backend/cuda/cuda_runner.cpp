@@ -25,6 +25,7 @@
 #include "backend/cuda/sampling.h"
 #include "model/model.h"
 #include "offload/expert_cache.h"
+#include "offload/expert_staging.h"
 #include "offload/model_experts.h"
 #include "sampling/sampling_math.h"
 
@@ -164,6 +165,12 @@ class CudaRunner final : public ModelRunner {
   void build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts);
   // Builds the expert store from config_.expert_plan and points each MoE layer at its table.
   void place_experts(const Model& model);
+  void prepare_staging();  // staging_ when it fits, else staging_note_ says why not
+  int64_t first_moe_max_tokens() const {
+    for (const DeviceLayer& d : layers_)
+      if (d.moe) return d.moe_plan.max_tokens;
+    return 0;
+  }
 
  private:
   // The routed-expert counters the MoE kernels add to, and (config.expert_cache_bytes) the cache.
@@ -177,6 +184,7 @@ class CudaRunner final : public ModelRunner {
     int64_t n = 0, rows = 0;
     int32_t max_positions = 1;
     int32_t grid_parts = 0;  // attention partitions in the grid (0: what max_positions needs)
+    bool staged = false;     // host experts staged in VRAM for this step (staging_)
   };
   // Enqueues the step from the embedding to the logits in logits_dev_ (copied into *logits pass by
   // pass when given: more rows than one pass holds).
@@ -185,7 +193,7 @@ class CudaRunner final : public ModelRunner {
   // returns the number of logit rows. No host synchronisation when logits is null.
   int64_t run_step(const ForwardBatch& batch, ForwardObserver* observer, std::vector<float>* logits);
   void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias);
-  void experts(const DeviceLayer& layer, const float* x, int64_t n, float* out);
+  void experts(const DeviceLayer& layer, const cuda::ExpertWeights* table, const float* x, int64_t n, float* out);
   // The layer's SwiGLU MLP (dense, or the shared experts): out = down(silu(gate x) * up x).
   void swiglu_mlp(const DeviceLayer& layer, const float* x, int64_t n, float* out);
   void observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows, int64_t cols);
@@ -237,6 +245,9 @@ class CudaRunner final : public ModelRunner {
   std::unique_ptr<cuda::SamplingPlan> sampling_;  // for logit_rows_per_pass_ rows
   std::unique_ptr<offload::ExpertStore> store_;   // the routed experts, when placed by a plan
   std::unique_ptr<offload::ExpertCache> cache_;   // VRAM slots for hot host experts (config.expert_cache_bytes)
+  std::unique_ptr<offload::ExpertStaging> staging_;  // host experts copied per layer for big steps
+  std::string staging_note_;                         // why staging is off, for describe()
+  bool last_step_staged_ = false;
   // Routed-expert counters (block-format experts): [moe layers][n_experts] routings, then as many
   // touches, added to by the MoE kernels and never reset on the device; copied to the host on a
   // branch of each step that runs beside the final norm and LM head, so the copy adds no time.
@@ -420,11 +431,13 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
     workspace_bytes_ += 12 * logit_rows_per_pass_ * spec_.vocab_size;
   }
 
+  if (store_ && config.stage_host_experts && moe_blocks_) prepare_staging();
+
   // The KV pool: as many blocks as asked, or what the budget (or, with none, the free memory less a
   // reserve) holds.
   const int64_t block_bytes = cuda_kv_bytes_per_block(spec_, kv.block_size, config.kv_dtype);
   if (kv.n_blocks == 0) {
-    int64_t budget = config.kv_budget_bytes;
+    int64_t budget = config_.kv_budget_bytes;
     if (budget <= 0) {
       size_t free_b = 0, total_b = 0;
       check(cudaMemGetInfo(&free_b, &total_b), "CUDA runner: reading free device memory");
@@ -644,6 +657,26 @@ void CudaRunner::upload_weights(const Model& model) {
   }
 }
 
+void CudaRunner::prepare_staging() {
+  const int64_t need = offload::ExpertStaging::bytes_needed(*store_);
+  if (need == 0) return;
+  int64_t room = config_.kv_budget_bytes;
+  if (room <= 0 || config_.kv.n_blocks > 0) {
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "CUDA runner: reading free device memory");
+    room = int64_t(free_b) - std::max<int64_t>(int64_t(1) << 30, int64_t(total_b / 20));
+  }
+  if (need > room / 4) {
+    staging_note_ = fmt::format("host experts read in place in every step (staging them for prefill needs {:.2f} GiB, "
+                                "more than a quarter of the {:.2f} GiB left for the KV pool)",
+                                need / 1073741824.0, std::max<int64_t>(room, 0) / 1073741824.0);
+    return;
+  }
+  staging_ = offload::ExpertStaging::build(*store_);
+  if (config_.kv_budget_bytes > 0) config_.kv_budget_bytes -= need;
+  workspace_bytes_ += need;
+}
+
 void CudaRunner::place_experts(const Model& model) {
   const offload::PlacementPlan& plan = *config_.expert_plan;
   for (const offload::PlannedLayer& pl : plan.layers)
@@ -800,13 +833,13 @@ void CudaRunner::linear(const DeviceMatrix& w, const float* x, int64_t n, float*
   }
 }
 
-void CudaRunner::experts(const DeviceLayer& d, const float* x, int64_t n, float* out) {
+void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table, const float* x, int64_t n, float* out) {
   const int64_t H = spec_.hidden_size, K = spec_.n_experts_per_token;
   if (moe_blocks_) {
     for (int64_t t0 = 0; t0 < n; t0 += d.moe_plan.max_tokens) {
       const int64_t nt = std::min<int64_t>(d.moe_plan.max_tokens, n - t0);
       cuda::MoeArgs a;
-      a.table = d.expert_table;
+      a.table = table;
       a.x = x + t0 * H;
       a.n = nt;
       a.ids = route_ids_ + t0 * K;
@@ -1003,8 +1036,12 @@ int64_t CudaRunner::run_step(const ForwardBatch& batch, ForwardObserver* observe
       check(cudaMemcpyAsync(logits_out->data(), logits_dev_, size_t(st.rows * V) * 4, cudaMemcpyDeviceToHost, stream_),
             "CUDA runner: copying logits");
   } else {
+    // In place or staged (offload/expert_staging.h): a prefill chunk touches nearly every host expert.
+    st.staged = staging_ && moe_blocks_ &&
+                offload::worth_staging(n, first_moe_max_tokens(), spec_.n_experts_per_token, spec_.n_experts);
     enqueue_step(st, observer, logits_out);
   }
+  last_step_staged_ = st.staged;
   return st.rows;
 }
 
@@ -1045,6 +1082,7 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
   const auto* tables_d = reinterpret_cast<const int32_t*>(md + meta_.tables);
   const int64_t R = st.rows;
   mark(nullptr);
+  if (st.staged) staging_->begin(stream_);  // the first two MoE layers' copies start now
 
   // ---- embedding ----
   if (embed_on_device_) {
@@ -1134,7 +1172,9 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
         check(cudaStreamSynchronize(stream_), "CUDA runner: observing the router");
         observer->on_router(layer, n, K, ids.data(), ws.data());
       }
-      experts(d, h_, n, mlp_out_);
+      if (st.staged) staging_->before_experts(d.moe_index, stream_);
+      experts(d, st.staged ? staging_->table(l) : d.expert_table, h_, n, mlp_out_);
+      if (st.staged) staging_->after_experts(d.moe_index, stream_);
       mark("routed experts");
       pending_shared = d.mlp_width > 0;
       if (pending_shared) {
@@ -1237,13 +1277,21 @@ void CudaRunner::after_step(int64_t n_tokens, double seconds) {
   int64_t all = 0;
   for (int64_t i = 0; i < M * E; ++i) all += routings[i];
   traffic_.routings += all;
+  // A staged step read its host experts from their VRAM copies, made once for the step; otherwise
+  // each touched host expert was read in place (or served by the cache).
+  const bool staged = last_step_staged_;
   for (const int32_t i : host_experts_) {  // the plan's host experts only: a few hundred to thousands
-    if (cache_ && cache_->served_last_step(int32_t(i / E), int32_t(i % E))) {
+    if (!staged && cache_ && cache_->served_last_step(int32_t(i / E), int32_t(i % E))) {
       traffic_.cache_routings += routings[i];
     } else {
       traffic_.host_routings += routings[i];
-      traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
+      if (!staged) traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
     }
+  }
+  if (staged) {
+    ++traffic_.staged_steps;
+    traffic_.staged_bytes += staging_->bytes_per_step();
+    traffic_.host_bytes += staging_->bytes_per_step();
   }
   counts_fresh_ = true;
 }
@@ -1292,6 +1340,11 @@ std::string CudaRunner::describe() const {
     cache = fmt::format(", expert cache {} slots of {:.1f} MiB = {:.2f} GiB", c.slots, c.slot_bytes / 1048576.0,
                         c.bytes / 1073741824.0);
   }
+  if (staging_)
+    cache += fmt::format(", prefill stages host experts in 2 x {:.2f} GiB (of the workspace)",
+                         staging_->bytes() / 2 / 1073741824.0);
+  else if (!staging_note_.empty())
+    cache += ", " + staging_note_;
   return fmt::format("cuda:{} ({}; weights {:.2f} GiB, KV {} blocks of {} in {} = {:.2f} GiB, workspace {:.2f} GiB{})",
                      config_.device, name, weight_bytes_ / 1073741824.0, config_.kv.n_blocks, config_.kv.block_size,
                      kv_format_name(config_.kv.format), kv_bytes_ / 1073741824.0, workspace_bytes_ / 1073741824.0,

@@ -58,6 +58,12 @@ struct CudaRunnerConfig {
   // VRAM for the expert cache (offload/expert_cache.h): slots that hold copies of the host experts
   // live traffic reads most, refilled as it changes. 0: none. Needs an expert_plan with host experts.
   int64_t expert_cache_bytes = 0;
+  // Steps that touch most host experts (prefill chunks) copy each MoE layer's host experts into
+  // VRAM once, the next layer's copy overlapping this layer's compute (offload/expert_staging.h),
+  // instead of reading them in place from every MoE call; worth_staging() decides per step. Two
+  // slots of the largest layer's host experts, taken from the KV budget when they are at most a
+  // quarter of it (else not used; describe() says which).
+  bool stage_host_experts = true;
   // Count routings and expert reads (expert_traffic()) in the MoE kernels, read back each step
   // beside the LM head: WithPlan when an expert plan puts experts in host RAM (their traffic is what
   // /metrics and the expert cache need; measured cost 0.4-0.9% of an all-VRAM S30 step, so a runner
