@@ -46,6 +46,9 @@ class Arena {
     void* p = mmap(nullptr, std::max<size_t>(n, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED) fail("synthetic model: cannot reserve {} bytes of address space", n);
+    // Huge pages where the kernel gives them: a 100 GB model written at start-up faults 512 times
+    // less often (a dropped range inside a huge page splits it).
+    if (n >= (size_t(2) << 20)) madvise(p, n, MADV_HUGEPAGE);
     regions_.emplace_back(p, std::max<size_t>(n, 1));
     return static_cast<uint8_t*>(p);
   }

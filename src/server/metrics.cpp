@@ -64,7 +64,12 @@ void render_experts(std::string& out, const ExpertTraffic& t, std::string_view l
   counter("spill:expert_cache_routings_total", "Routings to a host expert served from the VRAM expert cache.",
           double(t.cache_routings));
   counter("spill:expert_host_read_bytes_total",
-          "Expert bytes read from host RAM (a touched host expert once per step).", double(t.host_bytes));
+          "Expert bytes read from host RAM: a touched host expert once per MoE call, or, on a staged (prefill) step, "
+          "every host expert once.",
+          double(t.host_bytes));
+  counter("spill:expert_staged_steps_total", "Steps that copied every host expert to VRAM once (prefill chunks).",
+          double(t.staged_steps));
+  counter("spill:expert_staged_bytes_total", "Of the host bytes, those staged steps' copies.", double(t.staged_bytes));
   counter("spill:expert_cache_copies_total", "Host experts copied into the VRAM expert cache.", double(t.cache_copies));
   counter("spill:expert_cache_copy_bytes_total", "Bytes copied into the VRAM expert cache.",
           double(t.cache_copy_bytes));
