@@ -57,6 +57,8 @@ void add_serve_command(CLI::App& app) {
                   "how many /v1/responses to keep for previous_response_id and GET /v1/responses/ID (0: none)")
       ->capture_default_str();
   cmd->callback([a] {
+    // Before the device check below starts the CUDA driver's threads: they must inherit the mask.
+    server::block_shutdown_signals();
     server::ServerOptions options = *a;
     if (options.model_dir.empty()) options.model_dir = default_model_dir();
     if (options.max_seqs < 0) fail("--max-seqs must be positive, got {}", options.max_seqs);

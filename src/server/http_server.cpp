@@ -1424,6 +1424,21 @@ void HttpServer::handle_responses(const httplib::Request& req, httplib::Response
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+sigset_t shutdown_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+}  // namespace
+
+void block_shutdown_signals() {
+  const sigset_t signals = shutdown_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
 int serve(const ServerOptions& options) {
   if (options.port < 0 || options.port > 65535) fail("--port must be in [0, 65535], got {}", options.port);
   if (options.max_body_bytes < 1024) fail("--max-body-bytes must be at least 1024, got {}", options.max_body_bytes);
@@ -1432,11 +1447,8 @@ int serve(const ServerOptions& options) {
 
   // Signals go to one thread that stops the server cleanly; every other thread (httplib's
   // workers, the loader, the engine) inherits the blocked mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  sigset_t signals = shutdown_signals();
+  block_shutdown_signals();
   ::signal(SIGPIPE, SIG_IGN);  // a client that vanished mid-write is an error return, not a signal
 
   auto server = std::make_unique<HttpServer>(options);

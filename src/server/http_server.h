@@ -50,4 +50,10 @@ struct ServerOptions {
 // address cannot be bound or the model fails to load). Throws spill::Error for bad options.
 int serve(const ServerOptions& options);
 
+// Blocks SIGINT and SIGTERM in the calling thread, so that every thread started after it inherits
+// the mask and leaves them to serve()'s signal thread. serve() calls it; a caller that may start
+// threads first (a CUDA device query starts the driver's) must call it before, or a signal can
+// land on one of those threads and kill the process the default way.
+void block_shutdown_signals();
+
 }  // namespace spill::server
