@@ -27,12 +27,12 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 // Cost: roughly ggml's own quantizer (tens of microseconds per 256 weights for the k-quants).
 void quantize_row(DType t, const float* src, void* dst, int64_t n, const float* importance = nullptr);
 
-// The error weights quantize_row uses without an importance row: x^2 for Q6_K (larger weights
-// count more, as in ggml's Q6_K reference quantizer), 1 (the plain squared error) for every other
-// format. Chosen by KL divergence on spill-tiny (docs/perf/quant-quality-2026-12-01.md): at Q6_K
-// the plain fit, though of lower RMSE, gave more KL divergence than ggml's quantizer and the x^2
-// weighting less; magnitude weights for the other k-quants and IQ4 (|x|, sub-block RMS + |x|)
-// gave more KL divergence than the plain fit at Q4_K_M and Q3_K_M.
+// The error weights quantize_row uses without an importance row: x^2 for Q6_K and Q8_0 (larger
+// weights count more, as in ggml's Q6_K reference quantizer), 1 (the plain squared error) for every
+// other format. Chosen by KL divergence on spill-tiny (docs/perf/quant-quality-2026-12-01.md and
+// -2026-12-02.md): at Q6_K and Q8_0 the plain fit, though of lower RMSE, gave more KL divergence
+// than the x^2 weighting; magnitude weights for the other k-quants and IQ4 (|x|, sub-block RMS +
+// |x|) gave more KL divergence than the plain fit at Q4_K_M and Q3_K_M.
 void default_error_weights(DType t, const float* x, int64_t n, float* w);
 
 // sum_i dequantize(row)[i] * x[i] over n weights, with f32 activations, accumulated in an order that

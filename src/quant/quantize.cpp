@@ -528,7 +528,7 @@ void quantize_blocks32(const float* x, const float* w, void* dst, int64_t n, Fit
 }  // namespace
 
 void default_error_weights(DType t, const float* x, int64_t n, float* w) {
-  if (t == DType::Q6_K) {
+  if (t == DType::Q6_K || t == DType::Q8_0) {
     for (int64_t i = 0; i < n; ++i) w[i] = x[i] * x[i];
     return;
   }

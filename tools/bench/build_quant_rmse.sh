@@ -12,5 +12,5 @@ lib=$(find "$bld" -name 'libggml-base.a' | head -n1)
 [ -n "$lib" ] || { echo "no libggml-base.a or .so under $bld: build the ggml-base target first" >&2; exit 1; }
 case $lib in *.so) lib="$lib -Wl,-rpath,$(dirname "$lib")" ;; esac
 c++ -std=c++20 -O2 -Wall -Wextra -mavx2 -mfma -mf16c -I src -I "$src/ggml/include" tools/bench/quant_rmse.cpp \
-  build/libspill_lib.a $lib -lfmt -lpthread -lm -o "$out"
+  ${SPILL_LIB:-build/libspill_lib.a} $lib -lfmt -lpthread -lm -o "$out"
 echo "built $out"
