@@ -389,6 +389,15 @@ const ErrorCase kErrorCases[] = {
      "template:1: OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000)."},
     {"{{ '%d' % 'x' }}", "{}", "template:1: TypeError: %d format: a real number is required, not str"},
     {"{{ 'x'.index('y') }}", "{}", "template:1: ValueError: substring not found"},
+    // Widths and precisions past 2^31 are Python's ValueError, never an integer overflow (found by
+    // fuzz_chat_template: a %-format width of 40 digits).
+    {"{{ '%99999999999999999999999999999999999999d' % 1 }}", "{}", "template:1: ValueError: width too big"},
+    {"{{ '%.99999999999999999999f' % 1.5 }}", "{}", "template:1: ValueError: precision too big"},
+    {"{{ '%2147483648d' % 1 }}", "{}", "template:1: ValueError: width too big"},
+    {"{{ '{:99999999999999999999}'.format(1) }}", "{}",
+     "template:1: ValueError: Too many decimal digits in format string"},
+    {"{{ '{:.99999999999999999999}'.format(1.5) }}", "{}",
+     "template:1: ValueError: Too many decimal digits in format string"},
     {"a\nb\n{% if x %}\n{{ 1 +* 2 }}\n{% endif %}", "{}", "template:4: TemplateSyntaxError: unexpected '*'"},
     {"{% if true %}", "{}",
      "template:1: TemplateSyntaxError: Unexpected end of template. Jinja was looking for the following tags: 'elif' or "

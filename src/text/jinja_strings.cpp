@@ -398,6 +398,16 @@ struct FormatSpec {
   char type = 0;
 };
 
+// One more decimal digit of a format's width or precision, as Python reads them: the number must
+// stay below 2^31 (Python's limit for %-formats; str.format's is larger, but any width past a few
+// million fails the render's size limit anyway), and a longer one is Python's ValueError, not an
+// integer overflow.
+int64_t push_digit(int64_t v, char32_t digit, const char* too_big) {
+  const int64_t d = int64_t(digit - U'0');
+  if (v > (int64_t(INT32_MAX) - d) / 10) raise(ErrorKind::kValue, too_big);
+  return v * 10 + d;
+}
+
 FormatSpec parse_spec(std::string_view spec_text) {
   FormatSpec spec;
   std::u32string s = decode_utf8(spec_text);
@@ -422,7 +432,8 @@ FormatSpec parse_spec(std::string_view spec_text) {
   }
   auto number = [&]() {
     int64_t v = -1;
-    while (i < s.size() && s[i] >= U'0' && s[i] <= U'9') v = (v < 0 ? 0 : v * 10) + int64_t(s[i++] - U'0');
+    while (i < s.size() && s[i] >= U'0' && s[i] <= U'9')
+      v = push_digit(v < 0 ? 0 : v, s[i++], "Too many decimal digits in format string");
     return v;
   };
   spec.width = number();
@@ -1046,7 +1057,7 @@ std::string percent_format(Interpreter& interp, const std::string& format, const
       ++i;
     } else {
       while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) {
-        width = (width < 0 ? 0 : width * 10) + (format[i++] - '0');
+        width = push_digit(width < 0 ? 0 : width, char32_t(format[i++]), "width too big");
       }
     }
     if (i < format.size() && format[i] == '.') {
@@ -1057,7 +1068,7 @@ std::string percent_format(Interpreter& interp, const std::string& format, const
         ++i;
       } else {
         while (i < format.size() && std::isdigit(static_cast<unsigned char>(format[i]))) {
-          precision = precision * 10 + (format[i++] - '0');
+          precision = push_digit(precision, char32_t(format[i++]), "precision too big");
         }
       }
     }
