@@ -474,6 +474,17 @@ TEST(Jinja, Formatting) {
 TEST(Jinja, LexerCorners) {
   check_all(kLexerCorners);
 }
+// A template is raw bytes when it comes from a GGUF file. Invalid UTF-8 in a string literal gives
+// one code point per lead byte and its continuation slots (and U+FFFD for a truncated tail), the same
+// count whichever operation asks (length, indexing, slicing): five 0xF1 bytes are two code points
+// (found by fuzz_chat_template: an index that the length allowed read past the decoded string).
+TEST(Jinja, InvalidUtf8InATemplateCountsAlikeEverywhere) {
+  const char* source =
+      "{% set s = '\xf1\xf1\xf1\xf1\xf1' %}{{ s|length }} {{ s[1]|length }} {{ s[-1]|length }} {{ s[2] is defined }} "
+      "{{ s[1:]|length }} {{ s|list|length }}";
+  EXPECT_EQ(render(source, "{}"), "2 1 1 False 1 2");
+}
+
 TEST(Jinja, LoopControl) {
   check_all(kLoopControl);
 }

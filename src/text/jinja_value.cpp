@@ -1064,9 +1064,16 @@ std::string encode_utf8(std::u32string_view s) {
 }
 
 size_t utf8_length(std::string_view s) {
-  size_t n = 0;
-  for (char c : s) {
-    if ((static_cast<unsigned char>(c) & 0xc0) != 0x80) ++n;
+  // The number of code points decode_utf8 makes of s, stepping over bytes exactly as it does
+  // (invalid UTF-8 included: a template from a GGUF file is raw bytes), so that an index or a
+  // length taken from one is valid in the other.
+  size_t n = 0, i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    ++n;
+    if (i + len > s.size()) break;
+    i += len;
   }
   return n;
 }
