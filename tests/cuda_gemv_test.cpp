@@ -104,14 +104,15 @@ TEST_P(CudaGemvTest, MatchesCpuTwinOverAwkwardShapes) {
   const int64_t be = dtype_block_elems(t);
   // Widths not powers of two where the format allows (Q8_0: 96 and 4128 end in a short activation
   // block); row counts that leave partial tiles; a short wide matrix that K-splits; batches 1, 3,
-  // 8, 11 and 17 (more than one token group of 8).
+  // 8, 11 and 17 (more than one token group of 8), 33 and 70 (the tensor-core path where the
+  // format has one: partial tiles of 64 rows and 64 tokens).
   std::vector<std::pair<int64_t, int64_t>> shapes = {{1, be * 3}, {45, 768}, {300, 1280}, {19, 4096}, {130, 2304}};
   if (be == 32) shapes.push_back({33, 4128});
   uint64_t seed = 1;
   for (const auto& [rows, cols] : shapes)
-    for (int64_t n : {1, 3, 8, 11, 17})
+    for (int64_t n : {1, 3, 8, 11, 17, 33, 70})
       for (bool bf16 : {false, true}) {
-        if (bf16 && n == 3) continue;
+        if (bf16 && (n == 3 || n == 33)) continue;
         expect_matches_twin({t, rows, cols, n, bf16}, seed++);
       }
 }
@@ -119,13 +120,17 @@ TEST_P(CudaGemvTest, MatchesCpuTwinOverAwkwardShapes) {
 TEST_P(CudaGemvTest, TokenAloneIsBitIdenticalToTokenInBatch) {
   SPILL_SKIP_WITHOUT_GPU();
   const DType t = GetParam();
-  const GemvCase batch{t, 77, 2048, 8, false};
+  // A batch of 8 (the decode kernels' 8-token build) and of 100 (the tensor-core path where the
+  // format has one); 3072 columns K-split into chunks.
+  for (int64_t n : {8, 100}) {
+  SCOPED_TRACE("batch " + std::to_string(n));
+  const GemvCase batch{t, 77, 3072, n, false};
   std::vector<uint8_t> w;
   std::vector<float> x;
-  const GemvRun all = run_gemv(batch, w, x, 8, 99);
-  // Token 5 of the batch, alone (same weights: same seed), through a plan sized for 8.
+  const GemvRun all = run_gemv(batch, w, x, n, 99);
+  // Token 5 of the batch, alone (same weights: same seed), through a plan sized for the batch.
   const int64_t rb = row_bytes(t, batch.cols);
-  const auto plan = cuda::plan_gemv(t, batch.rows, batch.cols, 8);
+  const auto plan = cuda::plan_gemv(t, batch.rows, batch.cols, n);
   DeviceBuffer dw(w.size()), dx(size_t(batch.cols) * 4), dy(size_t(batch.rows) * 4), ws(size_t(plan.workspace_bytes));
   dw.upload(w.data(), size_t(batch.rows * rb));
   dx.upload(x.data() + 5 * batch.cols, size_t(batch.cols) * 4);
@@ -136,6 +141,7 @@ TEST_P(CudaGemvTest, TokenAloneIsBitIdenticalToTokenInBatch) {
   for (int64_t r = 0; r < batch.rows; ++r)
     ASSERT_EQ(std::memcmp(&alone[size_t(r)], &all.y[size_t(5 * batch.rows + r)], 4), 0)
         << "row " << r << ": alone " << alone[size_t(r)] << ", in batch " << all.y[size_t(5 * batch.rows + r)];
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaGemvTest,

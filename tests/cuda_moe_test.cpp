@@ -228,6 +228,11 @@ TEST(CudaMoe, MatchesCpuTwinOverBatchesAndFormats) {
   for (int64_t n : {1, 3, 8, 17, 64}) expect_matches_twin(q4, n, 12, seed++);
   for (DType t : {DType::Q3_K, DType::Q2_K, DType::Q5_K, DType::Q6_K})
     expect_matches_twin({768, 512, 8, 3, t, t}, 5, 8, seed++);
+  // Enough tokens per expert for the tensor-core path (mmq.cuh), in every format it takes; a
+  // partial tile of rows (width 768 = 24 tiles of 32) and of tokens.
+  for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q8_0})
+    expect_matches_twin({768, 512, 8, 3, t, t}, 40, 8, seed++);
+  expect_matches_twin({512, 768, 8, 2, DType::Q4_K, DType::Q3_K}, 100, 6, seed++);
 }
 
 TEST(CudaMoe, TopKEqualToExpertCountAndSmallQ8Widths) {
@@ -260,13 +265,15 @@ TEST(CudaMoe, OutOfRangeIdsContributeNothing) {
 
 TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
   SPILL_SKIP_WITHOUT_GPU();
-  const MoeCase c{1024, 512, 16, 4, DType::Q4_K, DType::Q4_K};
+  for (DType type : {DType::Q4_K, DType::Q3_K, DType::Q8_0}) {
+  SCOPED_TRACE(dtype_name(type));
+  const MoeCase c{1024, 512, 16, 4, type, type};
   const Experts ex(c, 51);
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
   // Few experts, so the token shares them with others of the batch. Up to 8 tokens take the
-  // kernels' one-token build, more their 8-token build with the pairs grouped by expert first (200:
-  // many groups of 8 per expert): a token's bits must not change either way.
+  // kernels' one-token build, more the pairs grouped by expert first and the tensor-core tiles
+  // (200: several tiles of 32 per expert): a token's bits must not change either way.
   for (int64_t n : {8, 17, 200}) {
     const Routing batch = random_routing(c, n, 6, 52);
     const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, n, n);
@@ -279,6 +286,7 @@ TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
       ASSERT_EQ(std::memcmp(alone.data(), all.data() + t * c.hidden, size_t(c.hidden) * 4), 0)
           << "token " << t << " of " << n;
     }
+  }
   }
 }
 

@@ -1,5 +1,6 @@
 // The CUDA runner end to end against the CPU runner (src/model/decoder.cpp), the reference: the
-// same steps on both, logits compared within a bound from the arithmetic, greedy tokens identical;
+// same steps on both, logits compared within a bound from the arithmetic, greedy tokens identical
+// (but for near-ties);
 // prefill chunks and decodes mixed in one step; shuffled block tables; batch invariance on the GPU
 // (a sequence's logits bit-identical alone or batched); bad input as spill::Error.
 //
@@ -14,7 +15,7 @@
 // relative each): V's rounding adds 2^-8 to the attention output's relative error, K's moves every
 // score by at most 2^-8 S, S the largest sum |q k| / sqrt(D), and the softmax weights relatively by
 // twice that; with per-head RMS-normed q and k, S <= sqrt(D) max|w_q| max|w_k| (Cauchy-Schwarz).
-// Greedy picks must agree exactly.
+// Greedy picks must agree wherever that bound decides them (expect_same_pick).
 #include <gtest/gtest.h>
 
 #if SPILL_HAVE_CUDA
@@ -128,6 +129,25 @@ Steps make_steps(int n_seqs, int32_t max_len, int32_t block_size, int64_t* n_blo
 
 int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
 
+// Greedy picks must agree wherever the arithmetic decides them: with every logit within tol of
+// the CPU's, the GPU can only pick j over the CPU's i when c[i] - c[j] <= 2 tol. Where the CPU's
+// best two are that close (a near-tie: an int8 rounding step that an upstream difference of one
+// ulp moves can swap them), either pick is right, and it is counted and printed.
+int g_near_ties = 0;
+void expect_same_pick(const float* g, const float* c, int64_t vocab, double tol, const std::string& what) {
+  const int32_t pg = argmax(g, vocab), pc = argmax(c, vocab);
+  if (pg == pc) return;
+  const double gap = double(c[pc]) - double(c[pg]);
+  if (gap <= 2 * tol) {
+    ++g_near_ties;
+    std::printf("[ measure ] %s: near-tie, cpu picks %d, gpu %d, cpu gap %.3g <= 2 x tol %.3g\n", what.c_str(), pc, pg,
+                gap, tol);
+    return;
+  }
+  ADD_FAILURE() << what << ": gpu picks " << pg << ", cpu " << pc << " by a margin of " << gap << " (tol " << tol
+                << ")";
+}
+
 // Compares two logit sets; returns max |diff| / tolerance.
 double compare_logits(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t vocab, double eps,
                       const std::string& what) {
@@ -149,7 +169,7 @@ double compare_logits(const std::vector<float>& gpu, const std::vector<float>& c
         return worst;
       }
     }
-    EXPECT_EQ(argmax(g, vocab), argmax(c, vocab)) << what << ": greedy pick of row " << r;
+    expect_same_pick(g, c, vocab, tol, what + ": greedy pick of row " + std::to_string(r));
   }
   return worst;
 }
@@ -525,7 +545,6 @@ void greedy_against_cpu(const Model& model, int n_new, const std::string& what, 
   int32_t pos = int32_t(prompt.size());
   for (int step = 0; step < n_new; ++step) {
     const int32_t next = argmax(lc.data() + lc.size() - size_t(V), V);
-    ASSERT_EQ(argmax(lg.data() + lg.size() - size_t(V), V), next) << what << " step " << step;
     cpu->forward(s.make({{0, {next}, pos}}, false), lc);
     gpu->forward(s.make({{0, {next}, pos}}, false), lg);
     worst = std::max(worst, compare_logits(lg, lc, V, chain_eps(model.spec(), pos + 1, DType::F32) + quanta, what));

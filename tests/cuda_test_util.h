@@ -86,14 +86,14 @@ inline void offset_magnitudes(DType t, const void* row, int64_t cols, float* out
 
 // Longest chain of f32 roundings any product w_i x'_i passes through in block_dot.cuh for a row
 // segment of k_len weights (x' the int8-rounded activations): the unit's integer sum is exact and
-// so is its conversion (|S| < 2^24); then d * S, dmin * M, their difference and the fma into the
-// lane's accumulator (3 roundings of the term, 1 per later add: ceil(units / 32) units per lane),
-// 5 butterfly levels, `extra` for sums after the warp (split-K chunks, slots), and 3 for the
-// reference dequantizer's own roundings of w. gamma = m * 2^-24 (Higham's gamma_m = m u / (1 - m u),
-// with m u << 1).
+// so is its conversion (|S| < 2^24); then d * S, dmin * M and their difference (3 roundings of the
+// term), up to 7 adds of the activation block's units (8 units at most), the fma into the row's
+// chain and 1 per later block of the chain (ceil(k_len / 256) blocks), `extra` for sums after the
+// chain (split-K chunks, slots), and 3 for the reference dequantizer's own roundings of w.
+// gamma = m * 2^-24 (Higham's gamma_m = m u / (1 - m u), with m u << 1).
 inline double q8_dot_error_gamma(int64_t k_len, int64_t extra) {
-  const int64_t units = k_len / 32;
-  const int64_t m = 3 + (units + 31) / 32 + 5 + extra + 3;
+  const int64_t blocks = (k_len + 255) / 256;
+  const int64_t m = 3 + 7 + blocks + extra + 3;
   return double(m) * std::ldexp(1.0, -24);
 }
 

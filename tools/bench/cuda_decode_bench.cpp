@@ -49,6 +49,7 @@ struct Args {
   std::string quant = "experts=q4_k,attention=q8_0,embed=q8_0,head=q8_0";
   std::vector<int> batches = {1, 4, 8};
   int context = 512;
+  int prefill_chunk = 512;  // tokens per prefill step (the runner's max batch tokens)
   int steps = 20;
   double ceiling_gbps = 4530.0;  // measured HBM read bandwidth of the H200 (issue 12)
   double pcie_gbps = 50.0;       // measured in-place reads of pinned host memory by a kernel (H200)
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
     else if (f == "--warmup") a.warmup = std::atoi(next().c_str());
     else if (f == "--quant") a.quant = next();
     else if (f == "--context") a.context = std::atoi(next().c_str());
+    else if (f == "--prefill-chunk") a.prefill_chunk = std::atoi(next().c_str());
     else if (f == "--steps") a.steps = std::atoi(next().c_str());
     else if (f == "--ceiling") a.ceiling_gbps = std::atof(next().c_str());
     else if (f == "--layers") a.layers = std::atoi(next().c_str());
@@ -119,7 +121,7 @@ int main(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) a.batches.push_back(std::atoi(item.c_str()));
     } else {
-      std::fprintf(stderr, "usage: %s [--shape F | --model FILE.gguf] [--quant MIX] [--host-share X | --plan FILE] [--batches 1,4,8] [--context N] [--steps N] "
+      std::fprintf(stderr, "usage: %s [--shape F | --model FILE.gguf] [--quant MIX] [--host-share X | --plan FILE] [--batches 1,4,8] [--context N] [--prefill-chunk N] [--steps N] "
                            "[--ceiling GBps] [--layers N] [--profile] [--no-graphs] [--host-logits]\n", argv[0]);
       return 2;
     }
@@ -157,7 +159,7 @@ int main(int argc, char** argv) {
     const int32_t blocks_per_seq = (a.context + warmup + a.steps + 2 + bs - 1) / bs;
     CudaRunnerConfig config;
     config.kv = {.block_size = bs, .n_blocks = int64_t(blocks_per_seq) * max_b};
-    config.max_batch_tokens = std::max<int64_t>(512, max_b);
+    config.max_batch_tokens = std::max<int64_t>(a.prefill_chunk, max_b);
     config.max_seqs = std::max(max_b, 1);
     config.max_model_len = int64_t(blocks_per_seq) * bs;
     config.profile_ops = a.profile;

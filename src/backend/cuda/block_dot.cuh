@@ -10,14 +10,18 @@
 // routine so the tests compare the bytes.
 //
 // Arithmetic, fixed so that a row's result never depends on the batch:
-//  * a lane's unit is 32 weights of one block; its integer sum S = sum_g sc_g sum_i q_i x_i (and,
+//  * a unit is 32 (or 64) weights of one block; its integer sum S = sum_g sc_g sum_i q_i x_i (and,
 //    for the formats with mins, M = sum_g m_g sum_i x_i) is exact in int32 (|S| < 2^24, so its
 //    float conversion is exact too);
-//  * the unit adds dx * (d * S - dmin * M) to the lane's f32 accumulator (d, dmin the block's f16
-//    scales, dx the activation block's scale): three roundings and one fma per unit and token;
-//  * lane l takes the row's units l, l + 32, ...; lanes are summed by one butterfly (offsets 16,
-//    8, 4, 2, 1) for every value, whichever lane ends up holding it.
-// Each token of a group has its own accumulators and the same operations whatever the group's size
+//  * the unit's value is f = d * S - dmin * M (d, dmin the block's f16 scales): two or three
+//    roundings;
+//  * per (row, token), the units of each activation block (256 weights: 4 or 8 units) are added in
+//    K order, s = f_0 + f_1 + ..., and the blocks' sums go into one chain in K order,
+//    acc = fma(dx, s, acc) (dx the activation block's scale). The lanes of a warp decode the units
+//    of one pass (32 consecutive units, whole activation blocks) in parallel and hand their values
+//    through shared memory to the lane that owns the (row, token). K order is also the order of a
+//    tensor-core tile loop (mmq.cuh), so the prefill kernels give a token the same bits.
+// Each token of a group has its own chains and the same operations whatever the group's size
 // or the other tokens, so a token's result is bit-identical alone or in any batch. Every float
 // operation is an explicit _rn intrinsic so the compiler cannot contract differently in different
 // instantiations.
@@ -544,44 +548,6 @@ __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol
 
 // ---- the warp dot -----------------------------------------------------------------------------
 
-// Sums v over the 32 lanes of a warp for all R*NG values at once: the first log2(R*NG) butterfly
-// steps halve the values each lane carries (so a step moves half as many values as the last), the
-// rest are plain butterflies. Every value is summed over lane bit 4, then 3, 2, 1, 0: the same
-// tree whatever R*NG is. Returns the value this lane ends up holding; owner_index() says which.
-// One halving step of warp_reduce_transposed: values [0, 2 Half) -> [0, Half) over lane bit
-// `offset`, with compile-time indices (a run-time index would put v in local memory).
-template <int Half, int V>
-__device__ __forceinline__ void reduce_halving_step(float (&v)[V], int lane, int offset) {
-  if constexpr (Half >= 1) {
-    const bool upper = lane & offset;
-#pragma unroll
-    for (int i = 0; i < Half; ++i) {
-      const float send = upper ? v[i] : v[i + Half];
-      const float keep = upper ? v[i + Half] : v[i];
-      v[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, offset));
-    }
-    reduce_halving_step<Half / 2>(v, lane, offset / 2);
-  }
-}
-template <int V>
-__device__ __forceinline__ float warp_reduce_transposed(float (&v)[V], int lane) {
-  static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "V must be a power of two up to 32");
-  reduce_halving_step<V / 2>(v, lane, 16);
-  int offset = 16;
-  for (int half = V / 2; half >= 1; half /= 2) offset /= 2;
-  float s = v[0];
-  for (; offset >= 1; offset /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, offset));
-  return s;
-}
-// Which of the V values warp_reduce_transposed left in `lane`.
-template <int V>
-__device__ __forceinline__ int owner_index(int lane) {
-  int index = 0, offset = 16;
-  for (int half = V / 2; half >= 1; half /= 2, offset /= 2)
-    if (lane & offset) index += half;
-  return index;
-}
-
 // Token t's activations for unit `slot` of the block at x0: the words the unit's dot takes, the
 // sums its min term takes (formats with mins), and the activation block's scale. Units of 32
 // weights take four groups of 8 at x_offset(slot, g) and their sums of 8; a unit may bring its own
@@ -618,84 +584,119 @@ __device__ __forceinline__ float unit_value(const U& unit, const uint32_t (&x)[U
   return f;
 }
 
+// Floats of the per-warp scratch warp_dot_q8 hands unit values through: a row of 32 unit values
+// per output (row, token), padded so that the owners' 16-byte reads are free of bank conflicts.
+constexpr int kChainStride = 36;
+__host__ __device__ constexpr int chain_scratch_floats(int nt) { return kRowsPerWarp * nt * kChainStride; }
+
+// Units per activation block of 256 (each block's units are summed before its scale applies).
+template <class U>
+__host__ __device__ constexpr int units_per_act_block() {
+  return U::kBlockElems >= kActBlock ? U::kUnitsPerBlock * (U::kBlockElems / kActBlock) : kActBlock / U::kBlockElems;
+}
+
 // Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with `tokens` (1 .. NT) tokens'
-// rounded activations over the same K-range. For each of its units a lane decodes the unit in RB
-// rows at a time, then takes each token's 32 activations once for those rows. emit(row, token,
-// value) is called once per (row, token < tokens) by the lane that holds the sum. parts_to_wait:
-// what stage_rows returned, for the first pass over freshly staged rows (0 afterwards);
-// later_groups: commit groups staged after these rows (see wait_staged_part).
+// rounded activations over the same K-range. Per pass, lane l decodes unit 32 * pass + l (RB rows
+// at a time, each token's activations once for those rows) and writes its values to `chain`
+// (chain_scratch_floats(NT) floats of shared memory, this warp's own); lane v < kRowsPerWarp * NT
+// then sums output v's units per activation block and continues its chain over the blocks (the
+// blocks' sums are independent, so only the chain of fmas is serial). emit(row, token, value) is
+// called once per (row, token < tokens) by the lane that owns the chain. parts_to_wait: what
+// stage_rows returned, for the first pass over freshly staged rows (0 afterwards); later_groups:
+// commit groups staged after these rows (see wait_staged_part).
 // NT = 1 keeps few registers live (more warps per SM: the batch-1 case); NT = 8 decodes each unit
-// once for 8 tokens. Both give the same bits for a token: its accumulator sees the same
-// operations in the same order, and the butterfly's tree is the same for every value.
+// once for 8 tokens. Both give the same bits for a token: its chain sees the same operations in
+// the same order.
 template <DType T, int NT, class Emit>
 __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPerWarp], int k_len, const ActQ8& xq,
-                                            int tokens, int lane, int parts_to_wait, int later_groups,
+                                            int tokens, int lane, int parts_to_wait, int later_groups, float* chain,
                                             Emit&& emit) {
   using U = Unit<T>;
   constexpr int RB = NT == 1 ? 1 : 2;  // rows decoded at once
   constexpr int V = kRowsPerWarp * NT;
-  float acc[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+  float acc = 0.0f;  // lane v < V: the chain of output v = (row v / NT, token v % NT)
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
   const int passes = (units + 31) / 32;
+  const int own_token = lane % NT;
   for (int pass = 0; pass < passes; ++pass) {
     if (parts_to_wait) wait_staged_part(pass, parts_to_wait, later_groups);
     const int u = pass * 32 + lane;
-    if (u >= units) continue;
-    const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
-    const int x0 = block * U::kBlockElems;
-    if constexpr (NT == 1) {
-      // One token: its activations for this unit once, then the rows one after another.
-      uint32_t x[U::kXWords];
-      int32_t s8[U::kSumWords] = {};
-      float dx;
-      load_unit_x<U>(xq, 0, x0, slot, x, s8, dx);
+    if (u < units) {
+      float f[V];
+      const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
+      const int x0 = block * U::kBlockElems;
+      if constexpr (NT == 1) {
+        // One token: its activations for this unit once, then the rows one after another.
+        uint32_t x[U::kXWords];
+        int32_t s8[U::kSumWords] = {};
+        float dx;
+        load_unit_x<U>(xq, 0, x0, slot, x, s8, dx);
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        U unit;
-        unit.load(staged[r] + block * U::kBlockBytes, slot);
-        acc[r] = __fmaf_rn(dx, unit_value(unit, x, s8), acc[r]);
-      }
-    } else {
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          U unit;
+          unit.load(staged[r] + block * U::kBlockBytes, slot);
+          f[r] = unit_value(unit, x, s8);
+        }
+      } else {
 #pragma unroll
-      for (int r0 = 0; r0 < kRowsPerWarp; r0 += RB) {
-        U unit[RB];
+        for (int r0 = 0; r0 < kRowsPerWarp; r0 += RB) {
+          U unit[RB];
 #pragma unroll
-        for (int r = 0; r < RB; ++r) unit[r].load(staged[r0 + r] + block * U::kBlockBytes, slot);
+          for (int r = 0; r < RB; ++r) unit[r].load(staged[r0 + r] + block * U::kBlockBytes, slot);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          if (t < tokens) {
-            uint32_t x[U::kXWords];
-            int32_t s8[U::kSumWords] = {};
-            float dx;
-            load_unit_x<U>(xq, t, x0, slot, x, s8, dx);
+          for (int t = 0; t < NT; ++t) {
+            if (t < tokens) {
+              uint32_t x[U::kXWords];
+              int32_t s8[U::kSumWords] = {};
+              float dx;
+              load_unit_x<U>(xq, t, x0, slot, x, s8, dx);
 #pragma unroll
-            for (int r = 0; r < RB; ++r)
-              acc[(r0 + r) * NT + t] = __fmaf_rn(dx, unit_value(unit[r], x, s8), acc[(r0 + r) * NT + t]);
+              for (int r = 0; r < RB; ++r) f[(r0 + r) * NT + t] = unit_value(unit[r], x, s8);
+            }
           }
         }
       }
+#pragma unroll
+      for (int v = 0; v < V; ++v) chain[v * kChainStride + lane] = f[v];
     }
+    __syncwarp();
+    if (lane < V && own_token < tokens) {
+      constexpr int kPer = units_per_act_block<U>();  // 4 or 8: a pass holds 32 / kPer whole blocks
+      const float* row = chain + lane * kChainStride;
+      const float* d = xq.d + own_token * xq.d_stride + pass * (32 / kPer);
+      const int in_pass = min(32, units - pass * 32);
+      float f[32];
+#pragma unroll
+      for (int j = 0; j < 32; j += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(row + j);
+        f[j] = q.x, f[j + 1] = q.y, f[j + 2] = q.z, f[j + 3] = q.w;
+      }
+#pragma unroll
+      for (int b = 0; b < 32 / kPer; ++b) {
+        if (b * kPer >= in_pass) break;
+        float sum = f[b * kPer];
+#pragma unroll
+        for (int j = 1; j < kPer; ++j)
+          if (b * kPer + j < in_pass) sum = __fadd_rn(sum, f[b * kPer + j]);
+        acc = __fmaf_rn(d[b], sum, acc);
+      }
+    }
+    __syncwarp();  // the chain row is read before the next pass overwrites it
   }
-  const float total = warp_reduce_transposed<V>(acc, lane);
-  const int index = owner_index<V>(lane);
-  // Values are replicated over 32 / V lanes; the lowest of each set emits.
-  constexpr int kReplicas = 32 / V;
-  if ((lane & (kReplicas - 1)) == 0 && index % NT < tokens) emit(index / NT, index % NT, total);
+  if (lane < V && own_token < tokens) emit(lane / NT, own_token, acc);
 }
 
 // Runs warp_dot_q8 over `tokens` tokens of a group NT at a time (tokens <= kMaxTokenGroup).
 template <DType T, int NT, class Emit>
 __device__ __forceinline__ void warp_dot_q8_group(const uint8_t* const staged[kRowsPerWarp], int k_len,
                                                   const ActQ8& xq, int tokens, int lane, int parts_to_wait,
-                                                  int later_groups, Emit&& emit) {
+                                                  int later_groups, float* chain, Emit&& emit) {
   for (int t0 = 0; t0 < tokens; t0 += NT) {
     ActQ8 sub = xq;
     sub.q += t0 * xq.q_stride;
     sub.s8 += t0 * xq.s8_stride;
     sub.d += t0 * xq.d_stride;
-    warp_dot_q8<T, NT>(staged, k_len, sub, min(NT, tokens - t0), lane, t0 == 0 ? parts_to_wait : 0, later_groups,
+    warp_dot_q8<T, NT>(staged, k_len, sub, min(NT, tokens - t0), lane, t0 == 0 ? parts_to_wait : 0, later_groups, chain,
                        [&](int r, int t, float v) { emit(r, t0 + t, v); });
   }
 }

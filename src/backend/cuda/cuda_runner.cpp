@@ -593,7 +593,7 @@ void CudaRunner::upload_weights(const Model& model) {
   for (DeviceLayer& d : layers_)
     for (DeviceMatrix* m : {&d.qkv, &d.q, &d.k, &d.v, &d.o, &d.gate_up, &d.gate, &d.up, &d.down, &d.router})
       if (!m->empty()) matrices.push_back(m);
-  const int64_t gemv_max_n = std::min<int64_t>(config_.max_batch_tokens, 64);
+  const int64_t gemv_max_tokens = config_.max_batch_tokens;
   std::map<std::tuple<int, int64_t, int64_t>, int64_t> ws_offsets;
   int64_t ws_total = 0;
   for (DeviceMatrix* m : matrices) {
@@ -602,7 +602,8 @@ void CudaRunner::upload_weights(const Model& model) {
       continue;
     }
     try {
-      m->plan = cuda::plan_gemv(m->type, m->rows, m->cols, gemv_max_n);
+      m->plan = cuda::plan_gemv(m->type, m->rows, m->cols,
+                                std::min<int64_t>(gemv_max_tokens, cuda::gemv_tokens_per_call(m->type)));
     } catch (const Error& e) {
       fail("CUDA runner: a {} x {} {} weight: {}; requantize it (--quant) to a type the GPU decodes", m->rows, m->cols,
            dtype_name(m->type), e.what());
@@ -825,7 +826,7 @@ void CudaRunner::linear(const DeviceMatrix& w, const float* x, int64_t n, float*
     a.y = y + t0 * w.rows;
     a.workspace = w.workspace;
     cuda::gemv(w.plan, a, stream_);
-    ++launches_;
+    launches_ += cuda::gemv_launches(w.plan, nt);
   }
   if (bias) {
     cuda::add_bias(y, bias, n, w.rows, stream_);
@@ -853,7 +854,7 @@ void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table,
         a.touches = counts + M * E;
       }
       cuda::moe_experts(d.moe_plan, a, stream_);
-      launches_ += cuda::moe_launches(nt);
+      launches_ += cuda::moe_launches(d.moe_plan, nt);
     }
     return;
   }

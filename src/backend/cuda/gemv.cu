@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "backend/cuda/block_dot.cuh"
+#include "backend/cuda/mmq.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace spill::cuda {
@@ -53,7 +54,9 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
                        smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
   }
   wait_for_previous_grid();
-  const ActQ8 xq = act_q8_at(smem + kRowsPerBlock * p.stride + 16, p.token_group, k_len);
+  float* chain = reinterpret_cast<float*>(smem + kRowsPerBlock * p.stride + 16) + warp * chain_scratch_floats(NT);
+  const ActQ8 xq = act_q8_at(smem + kRowsPerBlock * p.stride + 16 + kWarps * chain_scratch_floats(NT) * 4,
+                             p.token_group, k_len);
   const XT* x = static_cast<const XT*>(p.x);
   for (int t0 = 0; t0 < p.n; t0 += p.token_group) {
     const int tokens = int(p.n - t0 < p.token_group ? p.n - t0 : p.token_group);
@@ -62,7 +65,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
                     [](const XT* q, float v[8]) { load_x8<XT>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
-    warp_dot_q8_group<T, NT>(staged, k_len, xq, tokens, lane, t0 == 0 ? parts : 0, 0, [&](int r, int t, float v) {
+    warp_dot_q8_group<T, NT>(staged, k_len, xq, tokens, lane, t0 == 0 ? parts : 0, 0, chain, [&](int r, int t, float v) {
       const int64_t row = row0 + r;
       if (row >= p.rows) return;
       if (p.k_splits == 1) p.y[(t0 + t) * p.rows + row] = v;
@@ -88,10 +91,12 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
-// Rounds x [n, cols] to int8 per block of 256 (quantize_activations_q8 below): one block of
-// kWarps warps per (token, up to kWarps blocks of 256), through the same device routine the GEMV
-// and MoE kernels run on their shared memory.
-__global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const float* x, int64_t cols, int8_t* q, float* d) {
+// Rounds x [n, cols] to int8 per block of 256 (quantize_activations_q8, round_rows below): one
+// block of kWarps warps per (token, up to kWarps blocks of 256), through the same device routine
+// the GEMV and MoE kernels run on their shared memory; s32 (optional) gets the sum of each 32.
+template <class XT>
+__global__ void __launch_bounds__(kWarps * 32) round_rows_kernel(const XT* x, int64_t cols, int8_t* q, float* d,
+                                                                 int16_t* s32) {
   const int64_t t = blockIdx.y;
   const int64_t k0 = int64_t(blockIdx.x) * kWarps * kActBlock;
   const int k_len = int(cols - k0 < int64_t(kWarps) * kActBlock ? cols - k0 : int64_t(kWarps) * kActBlock);
@@ -100,12 +105,52 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const float* x
   if (warp * kActBlock >= k_len) return;
   const bool mine = i0 < k_len;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (mine) load_x8<float>(x + t * cols + k0 + i0, v);
+  if (mine) load_x8<XT>(x + t * cols + k0 + i0, v);
   int r[8];
   const float scale = round_block_q8(v, r);
-  if (mine)
-    for (int i = 0; i < 8; ++i) q[t * cols + k0 + i0 + i] = int8_t(r[i]);
+  if (mine) {
+    uint2 packed;
+    packed.x = pack_bytes(r[0], r[1], r[2], r[3]);
+    packed.y = pack_bytes(r[4], r[5], r[6], r[7]);
+    *reinterpret_cast<uint2*>(q + t * cols + k0 + i0) = packed;
+  }
+  if (s32) {
+    int sum = r[0] + r[1] + r[2] + r[3] + r[4] + r[5] + r[6] + r[7];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (mine && (lane & 3) == 0) s32[t * (cols / 32) + (k0 + i0) / 32] = int16_t(sum);
+  }
   if (lane == 0) d[t * ((cols + kActBlock - 1) / kActBlock) + (k0 + warp * kActBlock) / kActBlock] = scale;
+}
+
+struct MmqDenseParams {
+  const uint8_t* weights;
+  RoundedRows acts;
+  float* y;
+  int64_t rows, cols, row_bytes, n;
+  int32_t k_steps, chunk_steps;
+};
+
+// The dense tile: 64 rows x 64 tokens per block.
+constexpr int kDenseWM = 2, kDenseWN = 4;
+
+template <DType T>
+__global__ void __launch_bounds__(kMmqThreads) mmq_dense_kernel(MmqDenseParams p) {
+  using Tile = MmqTile<T, kDenseWM, kDenseWN>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int64_t row0 = int64_t(blockIdx.x) * Tile::BM, t0 = int64_t(blockIdx.y) * Tile::BN;
+  allow_next_grid();
+  wait_for_previous_grid();  // the activations come from the rounding kernel
+  mmq_tile<T, kDenseWM, kDenseWN>(
+      smem,
+      [&](int tr, int kt) {
+        const int64_t r = row0 + tr < p.rows ? row0 + tr : p.rows - 1;  // past the end: repeat a valid row
+        return p.weights + r * p.row_bytes + int64_t(kt) * Tile::kSegBytes;
+      },
+      [&](int tt) { return t0 + tt < p.n ? t0 + tt : p.n - 1; }, p.acts, p.k_steps, p.chunk_steps, p.cols,
+      [&](int, int tr, int tt, float v) {
+        if (row0 + tr < p.rows && t0 + tt < p.n) p.y[(t0 + tt) * p.rows + row0 + tr] = v;
+      });
 }
 
 int64_t segment_bytes(DType type, int64_t k) { return row_bytes(type, k); }
@@ -130,8 +175,26 @@ int64_t resident_blocks(DType type, int64_t k_chunk) {
     return std::pair<int64_t, int64_t>(count, smem);
   }();
   const int64_t block_smem = int64_t(kRowsPerBlock) * staged_row_stride(int(segment_bytes(type, k_chunk))) + 16 +
-                             act_q8_bytes(1, int(k_chunk)) + 1024;  // + the runtime's reserve per block
+                             kWarps * chain_scratch_floats(1) * 4 + act_q8_bytes(1, int(k_chunk)) +
+                             1024;  // + the runtime's reserve per block
   return gpu.first * std::clamp<int64_t>(gpu.second / block_smem, 1, 8);
+}
+
+// The workspace: the decode path's split-K partial rows and tile counters (for up to gemv_max_n
+// tokens: calls of kMmqMinTokens or more take the tensor-core path when the format has one), then
+// the rounded activations of the tensor-core path.
+struct WorkspaceLayout {
+  int64_t gemv_max_n = 0, counters = 0, counter_bytes = 0, rounded = 0, bytes = 0;
+};
+WorkspaceLayout workspace_layout(const GemvPlan& plan) {
+  WorkspaceLayout w;
+  w.gemv_max_n = plan.mmq ? std::min<int64_t>(plan.max_n, kMmqMinTokens - 1) : plan.max_n;
+  const int64_t partial = plan.k_splits > 1 ? int64_t(plan.k_splits) * w.gemv_max_n * plan.rows * 4 : 0;
+  w.counters = partial;
+  w.counter_bytes = plan.k_splits > 1 ? plan.row_tiles * 4 : 0;
+  w.rounded = (w.counters + w.counter_bytes + 15) / 16 * 16;
+  w.bytes = plan.mmq ? w.rounded + rounded_rows_bytes(plan.max_n, plan.cols) : w.counters + w.counter_bytes;
+  return w;
 }
 
 }  // namespace
@@ -177,19 +240,22 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   }
   plan.k_chunk = chunk_blocks * block_elems;
   plan.k_splits = int32_t((cols + plan.k_chunk - 1) / plan.k_chunk);
-  plan.workspace_bytes = plan.k_splits == 1 ? 0
-                                            : int64_t(plan.k_splits) * max_n * rows * int64_t(sizeof(float)) +
-                                                  plan.row_tiles * int64_t(sizeof(int32_t));
+  plan.mmq = mmq_format(type) && max_n >= kMmqMinTokens;
+  const WorkspaceLayout w = workspace_layout(plan);
+  plan.workspace_bytes = w.bytes;
   return plan;
 }
 
 void init_gemv_workspace(const GemvPlan& plan, void* workspace, cudaStream_t stream) {
-  if (plan.workspace_bytes == 0) return;
-  const int64_t partial_bytes = int64_t(plan.k_splits) * plan.max_n * plan.rows * int64_t(sizeof(float));
-  check(cudaMemsetAsync(static_cast<uint8_t*>(workspace) + partial_bytes, 0,
-                        size_t(plan.row_tiles) * sizeof(int32_t), stream),
+  const WorkspaceLayout w = workspace_layout(plan);
+  if (w.counter_bytes == 0) return;
+  check(cudaMemsetAsync(static_cast<uint8_t*>(workspace) + w.counters, 0, size_t(w.counter_bytes), stream),
         "clearing the GEMV workspace");
 }
+
+int gemv_launches(const GemvPlan& plan, int64_t n) { return plan.mmq && n >= kMmqMinTokens ? 2 : 1; }
+
+int64_t gemv_tokens_per_call(DType type) { return mmq_format(type) ? 1024 : 64; }
 
 void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   if (args.n < 1 || args.n > plan.max_n)
@@ -197,15 +263,47 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
                 std::to_string(plan.max_n));
   if ((reinterpret_cast<uintptr_t>(args.weights) | reinterpret_cast<uintptr_t>(args.x)) & 15)
     throw_error("GEMV weights and activations must be 16-byte aligned");
-  if (plan.k_splits > 1 && args.workspace == nullptr)
-    throw_error("this GEMV splits K and needs its workspace (plan.workspace_bytes)");
+  if (plan.workspace_bytes > 0 && args.workspace == nullptr)
+    throw_error("this GEMV needs its workspace (plan.workspace_bytes)");
+  const WorkspaceLayout w = workspace_layout(plan);
+  if (plan.mmq && args.n >= kMmqMinTokens) {
+    // Many tokens: the activations rounded once, then the tensor-core tiles (the same bits).
+    uint8_t* ws = static_cast<uint8_t*>(args.workspace);
+    const RoundedRows acts = rounded_rows_at(ws + w.rounded, args.n, plan.cols);
+    round_rows(args.x, args.x_bf16, args.n, plan.cols, ws + w.rounded, true, stream);
+    MmqDenseParams p{};
+    p.weights = static_cast<const uint8_t*>(args.weights);
+    p.acts = acts;
+    p.y = args.y;
+    p.rows = plan.rows;
+    p.cols = plan.cols;
+    p.row_bytes = row_bytes(plan.type, plan.cols);
+    p.n = args.n;
+    p.k_steps = int32_t((plan.cols + kMmqKTile - 1) / kMmqKTile);
+    p.chunk_steps = int32_t(plan.k_chunk / kMmqKTile);
+    dispatch_block_type(plan.type, [&](auto type_constant) {
+      constexpr DType T = decltype(type_constant)::value;
+      if constexpr (mmq_format(T)) {
+        using Tile = MmqTile<T, kDenseWM, kDenseWN>;
+        auto* kernel = mmq_dense_kernel<T>;
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes),
+              "raising the tensor-core GEMM's shared memory limit");
+        const dim3 grid(unsigned((plan.rows + Tile::BM - 1) / Tile::BM), unsigned((args.n + Tile::BN - 1) / Tile::BN));
+        check(launch_overlapped(kernel, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
+              "launching the tensor-core GEMM");
+      }
+    });
+    return;
+  }
+  if (args.n > w.gemv_max_n)
+    throw_error("GEMV called with " + std::to_string(args.n) + " activation rows; its decode path takes at most " +
+                std::to_string(w.gemv_max_n));
   GemvParams p{};
   p.weights = static_cast<const uint8_t*>(args.weights);
   p.x = args.x;
   p.y = args.y;
   p.partial = static_cast<float*>(args.workspace);
-  p.counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(args.workspace) +
-                                          int64_t(plan.k_splits) * plan.max_n * plan.rows * int64_t(sizeof(float)));
+  p.counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(args.workspace) + w.counters);
   p.rows = plan.rows;
   p.cols = plan.cols;
   p.row_bytes = row_bytes(plan.type, plan.cols);
@@ -215,7 +313,9 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   p.stride = staged_row_stride(int(segment_bytes(plan.type, plan.k_chunk)));
   p.token_group = args.n == 1 ? 1 : token_group_for(plan.k_chunk);
   // +16: word loads may touch past a row's end
-  const size_t smem = size_t(kRowsPerBlock) * p.stride + 16 + size_t(act_q8_bytes(p.token_group, int(plan.k_chunk)));
+  const int nt = args.n == 1 ? 1 : kMaxTokenGroup;
+  const size_t smem = size_t(kRowsPerBlock) * p.stride + 16 + size_t(kWarps) * chain_scratch_floats(nt) * 4 +
+                      size_t(act_q8_bytes(p.token_group, int(plan.k_chunk)));
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.k_splits));
   dispatch_block_type(plan.type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
@@ -237,7 +337,23 @@ void quantize_activations_q8(const float* x, int64_t n, int64_t cols, int8_t* q,
   if (reinterpret_cast<uintptr_t>(x) & 15) throw_error("activations to round must be 16-byte aligned");
   const int64_t per_block = int64_t(kWarps) * kActBlock;
   const dim3 grid(unsigned((cols + per_block - 1) / per_block), unsigned(n));
-  quantize_q8_kernel<<<grid, kWarps * 32, 0, stream>>>(x, cols, q, d);
+  round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(x, cols, q, d, nullptr);
+  check(cudaGetLastError(), "launching the activation rounding kernel");
+}
+
+void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, bool with_sums, cudaStream_t stream) {
+  if (n < 1 || cols < 32 || cols % 32 != 0)
+    throw_error("cannot round " + std::to_string(n) + " x " + std::to_string(cols) +
+                " activations to int8: need n >= 1 and cols a positive multiple of 32");
+  const RoundedRows r = rounded_rows_at(out, n, cols);
+  const int64_t per_block = int64_t(kWarps) * kActBlock;
+  const dim3 grid(unsigned((cols + per_block - 1) / per_block), unsigned(n));
+  int8_t* q = const_cast<int8_t*>(r.q);
+  float* d = const_cast<float*>(r.d);
+  int16_t* s32 = with_sums ? const_cast<int16_t*>(r.s32) : nullptr;
+  if (x_bf16)
+    round_rows_kernel<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), cols, q, d, s32);
+  else round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(static_cast<const float*>(x), cols, q, d, s32);
   check(cudaGetLastError(), "launching the activation rounding kernel");
 }
 

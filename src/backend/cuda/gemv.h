@@ -31,8 +31,14 @@ struct GemvPlan {
   int64_t k_chunk = 0;        // weights per K-chunk (whole blocks)
   int32_t k_splits = 1;       // chunks per row
   int64_t row_tiles = 0;      // blocks of 16 rows
-  int64_t workspace_bytes = 0;  // device bytes gemv() needs (0 when k_splits == 1)
+  bool mmq = false;           // calls of kMmqMinTokens or more run on int8 tensor cores (mmq.cuh)
+  int64_t workspace_bytes = 0;  // device bytes gemv() needs (0: none)
 };
+
+// Tokens from which a call runs the tensor-core path, for the formats that have one (Q8_0, Q5_K,
+// Q4_K, Q3_K): below, the decode kernels' weight-row walk is faster; from here on the tiles' reuse of
+// each weight and activation wins. Either path gives a token the same bits.
+constexpr int64_t kMmqMinTokens = 32;
 
 // Checks the shape (cols a whole number of blocks, a supported type) and chooses the split.
 GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n);
@@ -51,6 +57,18 @@ void init_gemv_workspace(const GemvPlan& plan, void* workspace, cudaStream_t str
 
 // Enqueues the GEMV on `stream`; no host synchronisation.
 void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream);
+
+// Kernels gemv() launches for a call of n tokens (the tensor-core path rounds the activations first).
+int gemv_launches(const GemvPlan& plan, int64_t n);
+
+// Tokens one gemv() call should be planned for: the tensor-core path's tiles want whole prefill
+// chunks; the decode path's split-K workspace grows with the tokens.
+int64_t gemv_tokens_per_call(DType type);
+
+// Rounds x [n, cols] (f32 or bf16, cols a multiple of 32) to int8 per block of 256 into `out`
+// (rounded_rows_bytes(n, cols) device bytes, laid out as rounded_rows_at says; mmq.cuh), with the
+// sums of each 32 when asked: what the tensor-core kernels read.
+void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, bool with_sums, cudaStream_t stream);
 
 // The int8 rounding the GEMV and MoE kernels apply to their activations, on its own: x [n, cols]
 // (cols a multiple of 32, 16-byte aligned, device) into q [n, cols] and d [n, ceil(cols / 256)],

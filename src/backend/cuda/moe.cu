@@ -5,6 +5,8 @@
 
 #include "backend/cuda/block_dot.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/mmq.cuh"
 
 namespace spill::cuda {
 namespace {
@@ -30,14 +32,18 @@ int32_t token_group_for(int64_t k_len, int64_t n) {
 
 // Dynamic shared bytes of each kernel: staged rows, one token group's rounded activations, the
 // pair list.
+// Floats of chain scratch (block_dot.cuh) the kernels of a call of n tokens give each warp.
+int chain_floats_for(int64_t n) { return chain_scratch_floats(n <= kMaxTokenGroup ? 1 : kMaxTokenGroup); }
+
 size_t gate_up_smem(const MoeShape& s, int64_t n, int64_t pairs) {
   return size_t(kGateUpWarps) * kRowsPerWarp * staged_row_stride(int(row_bytes(s.gate_up_type, s.hidden))) + 16 +
+         size_t(kGateUpWarps) * chain_floats_for(n) * 4 +
          size_t(act_q8_bytes(token_group_for(s.hidden, n), int(s.hidden))) + size_t(pairs) * sizeof(int);
 }
 size_t down_smem(const MoeShape& s, int64_t n, int64_t pairs) {
   return size_t(kDownWarps) * kDownQuads * kRowsPerWarp *
              staged_row_stride(int(row_bytes(s.down_type, s.width))) +
-         16 +
+         16 + size_t(kDownWarps) * chain_floats_for(n) * 4 +
          size_t(act_q8_bytes(token_group_for(s.width, n), int(s.width))) + size_t(pairs) * sizeof(int);
 }
 
@@ -51,10 +57,18 @@ struct PairGroups {
   int32_t* active;    // [E + 1] keys with pairs, ascending
   int32_t* start;     // [E + 2] first index in sorted of each key (start[E + 1] = pairs)
   int32_t* sorted;    // [pairs] pair indices, grouped by key
+  int32_t* tile_start;  // [E + 2] the tensor-core kernels' token tiles: active key a's first tile
 };
+
+// The tensor-core path (mmq.cuh) of grouped calls: tiles of 32 expert rows (gate and up) or 64
+// rows (down) x 32 of an expert's pairs.
+constexpr int kMoeWN = 2;
+constexpr int kMoeTileTokens = 2 * kMoeWN * 8;
 
 struct MoeParams {
   const ExpertWeights* table;
+  RoundedRows x_rounded;    // the tensor-core path: x rounded per token, act per pair
+  RoundedRows act_rounded;
   const float* x;
   const int32_t* ids;
   const float* weights;
@@ -115,9 +129,14 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeParams p) {
   if (threadIdx.x == 0) p.groups.start[keys] = p.pairs;
   __syncthreads();
   if (threadIdx.x == 0) {
-    int a = 0;
+    int a = 0, tiles = 0;
     for (int k = 0; k < keys; ++k)
-      if (count[k] > 0) p.groups.active[a++] = k;
+      if (count[k] > 0) {
+        p.groups.tile_start[a] = tiles;
+        tiles += (count[k] + kMoeTileTokens - 1) / kMoeTileTokens;
+        p.groups.active[a++] = k;
+      }
+    p.groups.tile_start[a] = tiles;
     *p.groups.n_active = a;
   }
   for (int q = threadIdx.x; q < p.pairs; q += kGroupThreads) {
@@ -195,7 +214,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
   // may start its prologue (fetching its weights) as this grid's blocks retire.
   wait_for_previous_grid();
   allow_next_grid();
-  const int staged_bytes = kGateUpWarps * kRowsPerWarp * p.stride + 16;
+  const int staged_bytes = kGateUpWarps * kRowsPerWarp * p.stride + 16 + kGateUpWarps * chain_scratch_floats(NT) * 4;
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
   // This pair's expert and its table entry are fetched before the scan of the ids, so the table
   // read overlaps it instead of following it (one memory round trip less before the weights).
@@ -230,6 +249,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
     const uint8_t* src[kRowsPerWarp] = {gate + row0 * rb, gate + row1 * rb, up + row0 * rb, up + row1 * rb};
     parts = stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
   }
+  float* chain = reinterpret_cast<float*>(smem + kGateUpWarps * kRowsPerWarp * p.stride + 16) +
+                 warp * chain_scratch_floats(NT);
   const ActQ8 xq = act_q8_at(smem + staged_bytes, p.token_group, int(p.hidden));
   for (int i0 = 0; i0 < m; i0 += p.token_group) {
     const int tokens = min(p.token_group, m - i0);
@@ -238,8 +259,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
                     [](const float* q, float v[8]) { load_x8<float>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
-    warp_dot_q8_group<T, NT>(staged, int(p.hidden), xq, tokens, lane, i0 == 0 ? parts : 0, 0,
-                   [&](int r, int t, float v) { scratch[warp][r][t] = v; });
+    warp_dot_q8_group<T, NT>(staged, int(p.hidden), xq, tokens, lane, i0 == 0 ? parts : 0, 0, chain,
+                             [&](int r, int t, float v) { scratch[warp][r][t] = v; });
     __syncwarp();
     if (lane < 2 * tokens) {
       const int r = lane & 1, t = lane >> 1;
@@ -261,7 +282,8 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
   // The ids were written before the gate/up kernel started (it waited for them), so they can be
   // read now; the weights too. Only the activations need the gate/up kernel finished.
   allow_next_grid();
-  const int staged_bytes = kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16;
+  const int staged_bytes =
+      kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16 + kDownWarps * chain_scratch_floats(NT) * 4;
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
   ExpertWeights e{};
   int m;
@@ -319,6 +341,8 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
                              smem + (warp * kDownQuads + qd) * kRowsPerWarp * p.stride, p.stride, staged[qd], lane);
     }
     wait_for_previous_grid();
+    float* chain = reinterpret_cast<float*>(smem + kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16) +
+                   warp * chain_scratch_floats(NT);
     const ActQ8 xq = act_q8_at(smem + staged_bytes, p.token_group, int(p.width));
     for (int i0 = 0; i0 < m; i0 += p.token_group) {
       const int tokens = min(p.token_group, m - i0);
@@ -331,7 +355,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
         const int64_t quad_row0 = row0 + qd * kRowsPerWarp;
         if (quad_row0 >= p.hidden) continue;
         const int later = qd + 1 < kDownQuads && quad_row0 + kRowsPerWarp < p.hidden ? parts[qd + 1] : 0;
-        warp_dot_q8_group<T, NT>(staged[qd], int(p.width), xq, tokens, lane, i0 == 0 ? parts[qd] : 0, later,
+        warp_dot_q8_group<T, NT>(staged[qd], int(p.width), xq, tokens, lane, i0 == 0 ? parts[qd] : 0, later, chain,
                                  [&](int r, int t, float v) {
                                    const int64_t row = quad_row0 + r;
                                    const int pair = list[i0 + t];
@@ -367,12 +391,140 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
 }
 
+// Block y of a tensor-core kernel: its expert key (-1: invalid ids), which of the key's token
+// tiles, and that tile's pairs in `list` (kMoeTileTokens, the tail repeating the first). Returns
+// the tile's pair count (0: no tile for this block).
+__device__ int mmq_tile_pairs(const MoeParams& p, int y, int* list, int* shared, int* key_out, int* tile_out) {
+  if (threadIdx.x == 0) {
+    const int n_active = *p.groups.n_active;
+    int m = 0, key = -1, tile = 0;
+    if (y < p.groups.tile_start[n_active]) {
+      int lo = 0, hi = n_active - 1;  // the last a with tile_start[a] <= y
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (p.groups.tile_start[mid] <= y) lo = mid;
+        else hi = mid - 1;
+      }
+      const int k = p.groups.active[lo];
+      tile = y - p.groups.tile_start[lo];
+      m = min(kMoeTileTokens, p.groups.start[k + 1] - p.groups.start[k] - tile * kMoeTileTokens);
+      key = k == p.n_experts ? -1 : k;
+      shared[1] = p.groups.start[k] + tile * kMoeTileTokens;
+    }
+    shared[0] = m;
+    *key_out = key;
+    *tile_out = tile;
+  }
+  __syncthreads();
+  const int m = shared[0];
+  if (m > 0)
+    for (int i = threadIdx.x; i < kMoeTileTokens; i += blockDim.x) list[i] = p.groups.sorted[shared[1] + (i < m ? i : 0)];
+  __syncthreads();
+  return m;
+}
+
+template <DType T>
+__global__ void __launch_bounds__(kMmqThreads) moe_mmq_gate_up_kernel(MoeParams p) {
+  using Tile = MmqTile<T, 2, kMoeWN>;  // per warp: m-tile 0 its 16 gate rows, m-tile 1 the same up rows
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int list[kMoeTileTokens], shared[2], key, tile;
+  allow_next_grid();
+  wait_for_previous_grid();  // the groups and the rounded activations
+  const int m = mmq_tile_pairs(p, blockIdx.y, list, shared, &key, &tile);
+  if (m == 0 || key < 0) return;
+  if (blockIdx.x == 0 && tile == 0 && threadIdx.x == 0) {
+    const int count = p.groups.start[key + 1] - p.groups.start[key];
+    if (p.routings) atomicAdd(&p.routings[key], unsigned(count));
+    if (p.touches) atomicAdd(&p.touches[key], 1u);
+  }
+  const ExpertWeights e = p.table[key];
+  const int64_t rb = p.hidden / Unit<T>::kBlockElems * Unit<T>::kBlockBytes;
+  const int64_t e0 = int64_t(blockIdx.x) * (Tile::BM / 2);
+  auto expert_row = [&](int tr) { return e0 + (tr / 32) * 16 + tr % 16; };  // tile row -> row of gate or up
+  float gate = 0.0f;
+  mmq_tile<T, 2, kMoeWN>(
+      smem,
+      [&](int tr, int kt) {
+        const int64_t r = expert_row(tr) < p.width ? expert_row(tr) : p.width - 1;
+        const uint8_t* base = static_cast<const uint8_t*>((tr / 16) % 2 ? e.up : e.gate);
+        return base + r * rb + int64_t(kt) * Tile::kSegBytes;
+      },
+      [&](int tt) { return int64_t(list[tt] / p.top_k); }, p.x_rounded, int(p.hidden / kMmqKTile),
+      int(p.hidden / kMmqKTile), p.hidden,
+      [&](int i, int tr, int tt, float v) {
+        if (i == 0) {
+          gate = v;
+          return;
+        }
+        const int64_t row = expert_row(tr);
+        if (row < p.width && tt < m) p.act[int64_t(list[tt]) * p.width + row] = __fmul_rn(silu(gate), v);
+      });
+}
+
+template <DType T>
+__global__ void __launch_bounds__(kMmqThreads) moe_mmq_down_kernel(MoeParams p) {
+  using Tile = MmqTile<T, 2, kMoeWN>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int list[kMoeTileTokens], shared[2], key, tile;
+  allow_next_grid();
+  wait_for_previous_grid();  // the rounded act rows
+  const int m = mmq_tile_pairs(p, blockIdx.y, list, shared, &key, &tile);
+  if (m == 0) return;
+  const int64_t row0 = int64_t(blockIdx.x) * Tile::BM;
+  if (key < 0) {  // pairs with no valid expert contribute zero rows
+    for (int i = threadIdx.x; i < m * Tile::BM; i += blockDim.x) {
+      const int64_t row = row0 + i % Tile::BM;
+      if (row < p.hidden) p.partial[int64_t(list[i / Tile::BM]) * p.hidden + row] = 0.0f;
+    }
+    return;
+  }
+  const uint8_t* down = static_cast<const uint8_t*>(p.table[key].down);
+  const int64_t rb = p.width / Unit<T>::kBlockElems * Unit<T>::kBlockBytes;
+  const int k_steps = int(p.width / kMmqKTile);
+  mmq_tile<T, 2, kMoeWN>(
+      smem,
+      [&](int tr, int kt) {
+        const int64_t r = row0 + tr < p.hidden ? row0 + tr : p.hidden - 1;
+        return down + r * rb + int64_t(kt) * Tile::kSegBytes;
+      },
+      [&](int tt) { return int64_t(list[tt]); }, p.act_rounded, k_steps, k_steps, p.width,
+      [&](int, int tr, int tt, float v) {
+        const int64_t row = row0 + tr;
+        if (row < p.hidden && tt < m) {
+          const int pair = list[tt];
+          p.partial[int64_t(pair) * p.hidden + row] = __fmul_rn(p.weights[pair], v);
+        }
+      });
+}
+
+// out[t] = the sum of token t's partial rows in slot order (the down kernel's last-block sum).
+__global__ void moe_combine_kernel(MoeParams p) {
+  allow_next_grid();
+  wait_for_previous_grid();
+  const int n = p.pairs / p.top_k;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < int64_t(n) * p.hidden;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / p.hidden, row = i % p.hidden;
+    const float* part = p.partial + t * p.top_k * p.hidden + row;
+    float s = part[0];
+    for (int j = 1; j < p.top_k; ++j) s = __fadd_rn(s, part[int64_t(j) * p.hidden]);
+    p.out[i] = s;
+  }
+}
+
 bool decodable(DType t) { return dispatch_block_type(t, [](auto) {}); }
+
+// Whether a call of n tokens runs a projection of type t on the tensor-core path: grouped calls
+// whose experts get a few tokens each on average (below that, most of a 32-token tile is padding).
+bool use_mmq(const MoeShape& s, DType t, int64_t n) {
+  return mmq_format(t) && n > kMaxTokenGroup && n * s.top_k >= 4 * int64_t(s.n_experts) &&
+         (t == s.gate_up_type ? s.hidden : s.width) % kMmqKTile == 0;
+}
 
 int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
 
 struct WorkspaceLayout {
-  int64_t act = 0, partial = 0, groups = 0, counters = 0, bytes = 0;
+  int64_t act = 0, partial = 0, groups = 0, x_rounded = 0, act_rounded = 0, counters = 0, bytes = 0;
 };
 WorkspaceLayout workspace_layout(const MoePlan& plan) {
   const int64_t pairs = plan.max_tokens * plan.shape.top_k;
@@ -381,7 +533,9 @@ WorkspaceLayout workspace_layout(const MoePlan& plan) {
   w.act = 0;
   w.partial = align16(pairs * plan.shape.width * 4);
   w.groups = w.partial + align16(pairs * plan.shape.hidden * 4);
-  w.counters = w.groups + align16((1 + keys + keys + 1 + pairs) * 4);
+  w.x_rounded = w.groups + align16((1 + keys + keys + 1 + pairs + keys + 1) * 4);
+  w.act_rounded = w.x_rounded + align16(rounded_rows_bytes(plan.max_tokens, plan.shape.hidden));
+  w.counters = w.act_rounded + align16(rounded_rows_bytes(pairs, plan.shape.width));
   w.bytes = w.counters + align16((plan.shape.hidden + kDownRows - 1) / kDownRows * 4);
   return w;
 }
@@ -428,6 +582,14 @@ MoePlan plan_moe(const MoeShape& s, int64_t max_tokens) {
   return plan;
 }
 
+int moe_launches(const MoePlan& plan, int64_t n) {
+  if (n <= kMaxTokenGroup) return kMoeLaunchesPerCall;
+  int launches = kMoeLaunchesPerCall + 1;
+  if (use_mmq(plan.shape, plan.shape.gate_up_type, n)) launches += 1;
+  if (use_mmq(plan.shape, plan.shape.down_type, n)) launches += 2;
+  return launches;
+}
+
 void init_moe_workspace(const MoePlan& plan, void* workspace, cudaStream_t stream) {
   const WorkspaceLayout w = workspace_layout(plan);
   check(cudaMemsetAsync(static_cast<uint8_t*>(workspace) + w.counters, 0, size_t(w.bytes - w.counters), stream),
@@ -463,16 +625,39 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
   {
     int32_t* g = reinterpret_cast<int32_t*>(ws + w.groups);
     const int32_t keys = s.n_experts + 1;
-    p.groups = {.n_active = g, .active = g + 1, .start = g + 1 + keys, .sorted = g + 1 + keys + keys + 1};
+    p.groups = {.n_active = g,
+                .active = g + 1,
+                .start = g + 1 + keys,
+                .sorted = g + 1 + keys + keys + 1,
+                .tile_start = g + 1 + keys + keys + 1 + p.pairs};
   }
+  p.x_rounded = rounded_rows_at(ws + w.x_rounded, a.n, s.hidden);
+  p.act_rounded = rounded_rows_at(ws + w.act_rounded, p.pairs, s.width);
+  const bool mmq_gate_up = use_mmq(s, s.gate_up_type, a.n), mmq_down = use_mmq(s, s.down_type, a.n);
+  // Token tiles of the tensor-core kernels: at most one per 32 pairs plus one per active key.
+  const unsigned mmq_tiles =
+      unsigned((p.pairs + kMoeTileTokens - 1) / kMoeTileTokens + std::min<int64_t>(p.pairs, s.n_experts + 1));
   // Blocks per row tile: one per pair when each block gathers, one per active key when grouped.
   const unsigned group_blocks = unsigned(p.grouped ? std::min<int64_t>(p.pairs, s.n_experts + 1) : p.pairs);
   if (p.grouped)
     check(launch_overlapped(moe_group_kernel, dim3(1), dim3(kGroupThreads), 0, stream, p),
           "launching the MoE grouping kernel");
 
+  if (mmq_gate_up) round_rows(a.x, false, a.n, s.hidden, ws + w.x_rounded, true, stream);
   dispatch_block_type(s.gate_up_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
+    if constexpr (mmq_format(T)) {
+      if (mmq_gate_up) {
+        using Tile = MmqTile<T, 2, kMoeWN>;
+        check(cudaFuncSetAttribute(moe_mmq_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   Tile::kSmemBytes),
+              "raising the MoE tensor-core gate/up kernel's shared memory limit");
+        const dim3 grid(unsigned((s.width + Tile::BM / 2 - 1) / (Tile::BM / 2)), mmq_tiles);
+        check(launch_overlapped(moe_mmq_gate_up_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
+              "launching the MoE tensor-core gate/up kernel");
+        return;
+      }
+    }
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.hidden)));
     q.token_group = token_group_for(s.hidden, a.n);
@@ -485,8 +670,25 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q),
           "launching the MoE gate/up kernel");
   });
+  if (mmq_down) round_rows(p.act, false, p.pairs, s.width, ws + w.act_rounded, true, stream);
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
+    if constexpr (mmq_format(T)) {
+      if (mmq_down) {
+        using Tile = MmqTile<T, 2, kMoeWN>;
+        check(cudaFuncSetAttribute(moe_mmq_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   Tile::kSmemBytes),
+              "raising the MoE tensor-core down kernel's shared memory limit");
+        const dim3 grid(unsigned((s.hidden + Tile::BM - 1) / Tile::BM), mmq_tiles);
+        check(launch_overlapped(moe_mmq_down_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
+              "launching the MoE tensor-core down kernel");
+        const int64_t total = a.n * s.hidden;
+        check(launch_overlapped(moe_combine_kernel, dim3(unsigned(std::min<int64_t>((total + 255) / 256, 1024))),
+                                dim3(256), 0, stream, p),
+              "launching the MoE combine kernel");
+        return;
+      }
+    }
     MoeParams q = p;
     q.stride = staged_row_stride(int(row_bytes(T, s.width)));
     q.token_group = token_group_for(s.width, a.n);

@@ -2,7 +2,7 @@
 //   out[t] = sum over slots j < top_k, in slot order, of weight[t, j] * E_ids[t, j](x[t]),
 //   E(x) = down(silu(gate x) * (up x)),
 // with gate/up/down in ggml block formats, reached through a per-expert pointer table that lives
-// in device memory. Two launches (three for calls of more than 8 tokens, whose pairs a small
+// in device memory. Two launches (more for calls of more than 8 tokens, whose pairs a small
 // kernel first groups by expert so no block scans them all), no host synchronisation:
 //   1. gate_up: one block of 8 warps per (16 rows of the expert width, (token, slot) pair); the
 //      block of the first pair routed to an expert gathers that expert's tokens from the ids (on
@@ -18,7 +18,9 @@
 //      in slot order.
 // Calls of up to 8 tokens run a one-token build of both kernels (few registers, more warps per SM:
 // an expert mostly gets one token then); larger calls an 8-token build that decodes each weight
-// unit once for 8 tokens. Both give a token the same bits.
+// unit once for 8 tokens, or, where the experts get a few tokens each on average and the format
+// has one, the tensor-core path (mmq.cuh: x rounded once, tiles of 32 of an expert's pairs, down's
+// slot sum in a small combine kernel). All give a token the same bits.
 // Every pair's arithmetic is the same whatever else is in the batch (block_dot.cuh), and the slot
 // sum has a fixed order, so a token's output is bit-identical alone or in any batch. The table is
 // read inside the kernels: it may change between steps, point at VRAM or at device-mapped pinned
@@ -89,9 +91,10 @@ struct MoeArgs {
 // Enqueues the two kernels on `stream`.
 void moe_experts(const MoePlan& plan, const MoeArgs& args, cudaStream_t stream);
 
-// Kernels moe_experts launches per call (for benchmarks' launch counts).
+// Kernels moe_experts launches per decode call (for benchmarks' launch counts).
 constexpr int kMoeLaunchesPerCall = 2;
-// Launches of a call of n tokens: calls of more than 8 tokens group their pairs by expert first.
-inline int moe_launches(int64_t n) { return n > 8 ? kMoeLaunchesPerCall + 1 : kMoeLaunchesPerCall; }
+// Launches of a call of n tokens: calls of more than 8 tokens group their pairs by expert first;
+// a projection on the tensor-core path rounds its activations first, and down adds a combine.
+int moe_launches(const MoePlan& plan, int64_t n);
 
 }  // namespace spill::cuda
