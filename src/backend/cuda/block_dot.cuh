@@ -11,16 +11,18 @@
 //
 // Arithmetic, fixed so that a row's result never depends on the batch:
 //  * a unit is 32 (or 64) weights of one block; its integer sum S = sum_g sc_g sum_i q_i x_i (and,
-//    for the formats with mins, M = sum_g m_g sum_i x_i) is exact in int32 (|S| < 2^24, so its
-//    float conversion is exact too);
-//  * the unit's value is f = d * S - dmin * M (d, dmin the block's f16 scales): two or three
-//    roundings;
-//  * per (row, token), the units of each activation block (256 weights: 4 or 8 units) are added in
-//    K order, s = f_0 + f_1 + ..., and the blocks' sums go into one chain in K order,
-//    acc = fma(dx, s, acc) (dx the activation block's scale). The lanes of a warp decode the units
-//    of one pass (32 consecutive units, whole activation blocks) in parallel and hand their values
-//    through shared memory to the lane that owns the (row, token). K order is also the order of a
-//    tensor-core tile loop (mmq.cuh), so the prefill kernels give a token the same bits.
+//    for the formats with mins, M = sum_g m_g sum_i x_i) is exact in int32;
+//  * formats whose block is one activation block (the K-quants: 256 weights, one d and dmin):
+//    the units' S and M are added per block, exactly, and the block's value is
+//    f = d * S - dmin * M (S, M converted to float; two to four roundings);
+//  * Q8_0 (blocks of 32, a scale each): each unit's value is f = d * S, and the 8 units of an
+//    activation block are added in K order, f = f_0 + f_1 + ...;
+//  * per (row, token) the activation blocks' values go into one chain in K order,
+//    acc = fma(dx, f, acc) (dx the activation block's scale). The lanes of a warp decode the units
+//    of one pass (32 consecutive units, whole activation blocks) in parallel and hand their sums
+//    through shared memory to the lane that owns the (row, token). Integer sums are exact in any
+//    order, and K order is also the order of a tensor-core tile loop (mmq.cuh), so the prefill
+//    kernels give a token the same bits.
 // Each token of a group has its own chains and the same operations whatever the group's size
 // or the other tokens, so a token's result is bit-identical alone or in any batch. Every float
 // operation is an explicit _rn intrinsic so the compiler cannot contract differently in different
@@ -117,6 +119,11 @@ struct UnitQ45K {
   uint32_t mn_pack[2];  // (min, min) of each sub-block as an int8 pair, for dp2a
   int32_t sc[2];
   float d, dmin;
+  __device__ static __forceinline__ void block_scales(const uint8_t* b, float& d, float& dmin) {
+    const uint32_t head = *reinterpret_cast<const uint32_t*>(b);
+    d = f16_bits_to_f32(uint16_t(head & 0xFFFF));
+    dmin = f16_bits_to_f32(uint16_t(head >> 16));
+  }
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const uint4 h16 = *reinterpret_cast<const uint4*>(b);  // d, dmin, then the 12 scale bytes
     const uint32_t head = h16.x, a = h16.y, bb = h16.z, c = h16.w;
@@ -199,6 +206,10 @@ struct Unit<DType::Q6_K> {
   uint32_t w[8];
   int32_t sc[4];
   float d, dmin;
+  __device__ static __forceinline__ void block_scales(const uint8_t* b, float& d, float& dmin) {
+    d = f16_bits_to_f32(ld_u16(b + 208));
+    dmin = 0.0f;
+  }
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int h = s >> 2, l0 = 8 * (s & 3), is = l0 >> 4;
     uint32_t qa[2], qb[2], qh[2];
@@ -247,6 +258,10 @@ struct Unit<DType::Q3_K> {
   uint32_t w[16];
   int32_t sc[4];
   float d, dmin;
+  __device__ static __forceinline__ void block_scales(const uint8_t* b, float& d, float& dmin) {
+    d = f16_bits_to_f32(ld_u16(b + 108));
+    dmin = 0.0f;
+  }
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int H = s >> 1, L0 = 16 * (s & 1);
     uint32_t qs[4], hm[4], s01, s23;
@@ -314,6 +329,10 @@ struct Unit<DType::Q2_K> {
   uint32_t w[8];
   int32_t sc[4], mn[4];
   float d, dmin;
+  __device__ static __forceinline__ void block_scales(const uint8_t* b, float& d, float& dmin) {
+    d = f16_bits_to_f32(ld_u16(b + 80));
+    dmin = f16_bits_to_f32(ld_u16(b + 82));
+  }
   __device__ __forceinline__ void load(const uint8_t* b, int s) {
     const int H = s >> 2, L0 = 8 * (s & 3);
     uint32_t qs[2];
@@ -575,19 +594,48 @@ __device__ __forceinline__ void load_unit_x(const ActQ8& xq, int t, int x0, int 
   dx = xq.d[t * xq.d_stride + (x0 + U::x_offset(slot, 0)) / kActBlock];
 }
 
-// d * S - dmin * M of one unit against one token's activations (before the activation scale).
+// Whether a format's block is one activation block (the K-quants): its units' integer sums are
+// added exactly before the block's scales apply (the header's arithmetic).
 template <class U>
-__device__ __forceinline__ float unit_value(const U& unit, const uint32_t (&x)[U::kXWords],
-                                            const int32_t (&s8)[U::kSumWords]) {
-  float f = __fmul_rn(unit.d, __int2float_rn(unit.dot(x)));
-  if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(unit.dmin, __int2float_rn(unit.min_dot(s8))));
+__host__ __device__ constexpr bool int_blocks() {
+  return U::kBlockElems == kActBlock;
+}
+
+// An int32 as a float, exactly, for |v| < 2^22: v added to the mantissa of 1.5 * 2^23 (whose ulp is
+// 1), then 1.5 * 2^23 taken away. The same value as __int2float_rn, by two full-rate adds where
+// I2F issues at a quarter of the FP32 rate (the tensor-core Q8_0 tile converts every group sum).
+__device__ __forceinline__ float small_int_to_float(int32_t v) {
+  return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+}
+
+// d * S of one unit against one token's activations (Q8_0: before the activation scale). A unit
+// of a block of 32 sums 32 products of int8 values: |S| <= 2^19, so small_int_to_float is exact.
+template <class U>
+__device__ __forceinline__ float unit_value(const U& unit, const uint32_t (&x)[U::kXWords]) {
+  static_assert(U::kBlockElems <= 32, "unit sums of blocks past 32 weights may pass 2^22");
+  return __fmul_rn(unit.d, small_int_to_float(unit.dot(x)));
+}
+
+// A K-quant block's value from its exact sums: d * S - dmin * M.
+template <class U>
+__device__ __forceinline__ float block_value(float d, float dmin, int32_t S, int32_t M) {
+  float f = __fmul_rn(d, __int2float_rn(S));
+  if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(dmin, __int2float_rn(M)));
   return f;
 }
 
-// Floats of the per-warp scratch warp_dot_q8 hands unit values through: a row of 32 unit values
-// per output (row, token), padded so that the owners' 16-byte reads are free of bank conflicts.
+// Words of the per-warp scratch warp_dot_q8 hands unit sums through: per output (row, token) a row
+// of 32 unit values (S as int32, or Q8_0's floats) and a row of 32 M, each padded so that the
+// owners' 16-byte reads are free of bank conflicts.
+// Only the K-quants with mins need the M row: the others keep the smaller scratch (more blocks
+// per SM for the decode kernels).
 constexpr int kChainStride = 36;
-__host__ __device__ constexpr int chain_scratch_floats(int nt) { return kRowsPerWarp * nt * kChainStride; }
+__host__ __device__ constexpr bool chain_has_min_row(DType t) {
+  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q2_K;
+}
+__host__ __device__ constexpr int chain_scratch_floats(DType t, int nt) {
+  return (chain_has_min_row(t) ? 2 : 1) * kRowsPerWarp * nt * kChainStride;
+}
 
 // Units per activation block of 256 (each block's units are summed before its scale applies).
 template <class U>
@@ -597,13 +645,13 @@ __host__ __device__ constexpr int units_per_act_block() {
 
 // Dots kRowsPerWarp staged rows of `k_len` weights (whole blocks) with `tokens` (1 .. NT) tokens'
 // rounded activations over the same K-range. Per pass, lane l decodes unit 32 * pass + l (RB rows
-// at a time, each token's activations once for those rows) and writes its values to `chain`
-// (chain_scratch_floats(NT) floats of shared memory, this warp's own); lane v < kRowsPerWarp * NT
-// then sums output v's units per activation block and continues its chain over the blocks (the
-// blocks' sums are independent, so only the chain of fmas is serial). emit(row, token, value) is
-// called once per (row, token < tokens) by the lane that owns the chain. parts_to_wait: what
-// stage_rows returned, for the first pass over freshly staged rows (0 afterwards); later_groups:
-// commit groups staged after these rows (see wait_staged_part).
+// at a time, each token's activations once for those rows) and writes its sums to `chain`
+// (chain_scratch_floats(T, NT) words of shared memory, this warp's own); lane v < kRowsPerWarp * NT
+// then adds output v's units per activation block, takes the block's value and continues its
+// chain over the blocks (only the chain of fmas is serial). emit(row, token, value) is called once
+// per (row, token < tokens) by the lane that owns the chain. parts_to_wait: what stage_rows
+// returned, for the first pass over freshly staged rows (0 afterwards); later_groups: commit
+// groups staged after these rows (see wait_staged_part).
 // NT = 1 keeps few registers live (more warps per SM: the batch-1 case); NT = 8 decodes each unit
 // once for 8 tokens. Both give the same bits for a token: its chain sees the same operations in
 // the same order.
@@ -612,19 +660,36 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
                                             int tokens, int lane, int parts_to_wait, int later_groups, float* chain,
                                             Emit&& emit) {
   using U = Unit<T>;
+  constexpr bool kInt = int_blocks<U>();
   constexpr int RB = NT == 1 ? 1 : 2;  // rows decoded at once
   constexpr int V = kRowsPerWarp * NT;
+  int32_t* chain_s = reinterpret_cast<int32_t*>(chain);  // S (kInt) or the float values
+  int32_t* chain_m = chain_s + V * kChainStride;         // M (kInt formats with mins)
+  static_assert(chain_has_min_row(T) == (kInt && U::kHasMin), "chain_scratch_floats must hold the M row");
   float acc = 0.0f;  // lane v < V: the chain of output v = (row v / NT, token v % NT)
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
   const int passes = (units + 31) / 32;
   const int own_token = lane % NT;
+  // The owner's row, for the block scales (kInt).
+  const uint8_t* own_row = staged[0];
+#pragma unroll
+  for (int r = 1; r < kRowsPerWarp; ++r)
+    if (lane / NT == r) own_row = staged[r];
   for (int pass = 0; pass < passes; ++pass) {
     if (parts_to_wait) wait_staged_part(pass, parts_to_wait, later_groups);
     const int u = pass * 32 + lane;
     if (u < units) {
-      float f[V];
       const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
       const int x0 = block * U::kBlockElems;
+      // Output v's sums for this unit, straight to the scratch: S (or the float value's bits), M.
+      auto put = [&](int v, const U& unit, const uint32_t (&x)[U::kXWords], const int32_t (&s8)[U::kSumWords]) {
+        if constexpr (kInt) {
+          chain_s[v * kChainStride + lane] = unit.dot(x);
+          if constexpr (U::kHasMin) chain_m[v * kChainStride + lane] = unit.min_dot(s8);
+        } else {
+          chain_s[v * kChainStride + lane] = __float_as_int(unit_value(unit, x));
+        }
+      };
       if constexpr (NT == 1) {
         // One token: its activations for this unit once, then the rows one after another.
         uint32_t x[U::kXWords];
@@ -635,7 +700,7 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
         for (int r = 0; r < kRowsPerWarp; ++r) {
           U unit;
           unit.load(staged[r] + block * U::kBlockBytes, slot);
-          f[r] = unit_value(unit, x, s8);
+          put(r, unit, x, s8);
         }
       } else {
 #pragma unroll
@@ -651,34 +716,50 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
               float dx;
               load_unit_x<U>(xq, t, x0, slot, x, s8, dx);
 #pragma unroll
-              for (int r = 0; r < RB; ++r) f[(r0 + r) * NT + t] = unit_value(unit[r], x, s8);
+              for (int r = 0; r < RB; ++r) put((r0 + r) * NT + t, unit[r], x, s8);
             }
           }
         }
       }
-#pragma unroll
-      for (int v = 0; v < V; ++v) chain[v * kChainStride + lane] = f[v];
     }
     __syncwarp();
     if (lane < V && own_token < tokens) {
       constexpr int kPer = units_per_act_block<U>();  // 4 or 8: a pass holds 32 / kPer whole blocks
-      const float* row = chain + lane * kChainStride;
+      const int32_t* row = chain_s + lane * kChainStride;
+      const int32_t* mrow = chain_m + lane * kChainStride;
       const float* d = xq.d + own_token * xq.d_stride + pass * (32 / kPer);
       const int in_pass = min(32, units - pass * 32);
-      float f[32];
+      int32_t f[32];
 #pragma unroll
       for (int j = 0; j < 32; j += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(row + j);
+        const int4 q = *reinterpret_cast<const int4*>(row + j);
         f[j] = q.x, f[j + 1] = q.y, f[j + 2] = q.z, f[j + 3] = q.w;
       }
 #pragma unroll
       for (int b = 0; b < 32 / kPer; ++b) {
         if (b * kPer >= in_pass) break;
-        float sum = f[b * kPer];
+        float value;
+        if constexpr (kInt) {
+          int32_t S = f[b * kPer], M = 0;
 #pragma unroll
-        for (int j = 1; j < kPer; ++j)
-          if (b * kPer + j < in_pass) sum = __fadd_rn(sum, f[b * kPer + j]);
-        acc = __fmaf_rn(d[b], sum, acc);
+          for (int j = 1; j < kPer; ++j) S += f[b * kPer + j];
+          if constexpr (U::kHasMin) {
+#pragma unroll
+            for (int j = 0; j < kPer; j += 4) {
+              const int4 q = *reinterpret_cast<const int4*>(mrow + b * kPer + j);
+              M += q.x + q.y + q.z + q.w;
+            }
+          }
+          float bd, bdmin;
+          U::block_scales(own_row + (pass * (32 / kPer) + b) * U::kBlockBytes, bd, bdmin);
+          value = block_value<U>(bd, bdmin, S, M);
+        } else {
+          value = __int_as_float(f[b * kPer]);
+#pragma unroll
+          for (int j = 1; j < kPer; ++j)
+            if (b * kPer + j < in_pass) value = __fadd_rn(value, __int_as_float(f[b * kPer + j]));
+        }
+        acc = __fmaf_rn(d[b], value, acc);
       }
     }
     __syncwarp();  // the chain row is read before the next pass overwrites it

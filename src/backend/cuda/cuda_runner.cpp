@@ -647,7 +647,7 @@ void CudaRunner::upload_weights(const Model& model) {
       // workspace layout depends on the shape and token count only, so one workspace serves all.
       const int64_t max_tokens = std::min<int64_t>(config_.max_batch_tokens, std::max<int64_t>(1, 8192 / shape.top_k));
       try {
-        d.moe_plan = cuda::plan_moe(shape, std::min<int64_t>(max_tokens, 256));
+        d.moe_plan = cuda::plan_moe(shape, std::min<int64_t>(max_tokens, cuda::moe_tokens_per_call(shape)));
       } catch (const Error& e) {
         fail("CUDA runner: the routed experts: {}; requantize them (--quant experts=...)", e.what());
       }

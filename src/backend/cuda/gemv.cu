@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
                        smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
   }
   wait_for_previous_grid();
-  float* chain = reinterpret_cast<float*>(smem + kRowsPerBlock * p.stride + 16) + warp * chain_scratch_floats(NT);
-  const ActQ8 xq = act_q8_at(smem + kRowsPerBlock * p.stride + 16 + kWarps * chain_scratch_floats(NT) * 4,
+  float* chain = reinterpret_cast<float*>(smem + kRowsPerBlock * p.stride + 16) + warp * chain_scratch_floats(T, NT);
+  const ActQ8 xq = act_q8_at(smem + kRowsPerBlock * p.stride + 16 + kWarps * chain_scratch_floats(T, NT) * 4,
                              p.token_group, k_len);
   const XT* x = static_cast<const XT*>(p.x);
   for (int t0 = 0; t0 < p.n; t0 += p.token_group) {
@@ -93,10 +93,9 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
 
 // Rounds x [n, cols] to int8 per block of 256 (quantize_activations_q8, round_rows below): one
 // block of kWarps warps per (token, up to kWarps blocks of 256), through the same device routine
-// the GEMV and MoE kernels run on their shared memory; s32 (optional) gets the sum of each 32.
+// the GEMV and MoE kernels run on their shared memory.
 template <class XT>
-__global__ void __launch_bounds__(kWarps * 32) round_rows_kernel(const XT* x, int64_t cols, int8_t* q, float* d,
-                                                                 int16_t* s32) {
+__global__ void __launch_bounds__(kWarps * 32) round_rows_kernel(const XT* x, int64_t cols, int8_t* q, float* d) {
   const int64_t t = blockIdx.y;
   const int64_t k0 = int64_t(blockIdx.x) * kWarps * kActBlock;
   const int k_len = int(cols - k0 < int64_t(kWarps) * kActBlock ? cols - k0 : int64_t(kWarps) * kActBlock);
@@ -114,12 +113,6 @@ __global__ void __launch_bounds__(kWarps * 32) round_rows_kernel(const XT* x, in
     packed.y = pack_bytes(r[4], r[5], r[6], r[7]);
     *reinterpret_cast<uint2*>(q + t * cols + k0 + i0) = packed;
   }
-  if (s32) {
-    int sum = r[0] + r[1] + r[2] + r[3] + r[4] + r[5] + r[6] + r[7];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (mine && (lane & 3) == 0) s32[t * (cols / 32) + (k0 + i0) / 32] = int16_t(sum);
-  }
   if (lane == 0) d[t * ((cols + kActBlock - 1) / kActBlock) + (k0 + warp * kActBlock) / kActBlock] = scale;
 }
 
@@ -131,17 +124,21 @@ struct MmqDenseParams {
   int32_t k_steps, chunk_steps;
 };
 
-// The dense tile: 64 rows x 64 tokens per block.
-constexpr int kDenseWM = 2, kDenseWN = 4;
+// The dense tile: 64 rows x 64 tokens per block (each K step's staging and conversion serve twice
+// the products of a 32-token tile: S30 prefill 55.1 -> 52.0 ms), 64 x 32 for Q4_K and Q5_K, whose
+// wider tile spills registers.
+constexpr int kDenseWM = 2;
+template <DType T>
+constexpr int kDenseWN = T == DType::Q4_K || T == DType::Q5_K ? 2 : 4;
 
 template <DType T>
 __global__ void __launch_bounds__(kMmqThreads) mmq_dense_kernel(MmqDenseParams p) {
-  using Tile = MmqTile<T, kDenseWM, kDenseWN>;
+  using Tile = MmqTile<T, kDenseWM, kDenseWN<T>>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int64_t row0 = int64_t(blockIdx.x) * Tile::BM, t0 = int64_t(blockIdx.y) * Tile::BN;
   allow_next_grid();
   wait_for_previous_grid();  // the activations come from the rounding kernel
-  mmq_tile<T, kDenseWM, kDenseWN>(
+  mmq_tile<T, kDenseWM, kDenseWN<T>, true>(
       smem,
       [&](int tr, int kt) {
         const int64_t r = row0 + tr < p.rows ? row0 + tr : p.rows - 1;  // past the end: repeat a valid row
@@ -175,7 +172,7 @@ int64_t resident_blocks(DType type, int64_t k_chunk) {
     return std::pair<int64_t, int64_t>(count, smem);
   }();
   const int64_t block_smem = int64_t(kRowsPerBlock) * staged_row_stride(int(segment_bytes(type, k_chunk))) + 16 +
-                             kWarps * chain_scratch_floats(1) * 4 + act_q8_bytes(1, int(k_chunk)) +
+                             kWarps * chain_scratch_floats(type, 1) * 4 + act_q8_bytes(1, int(k_chunk)) +
                              1024;  // + the runtime's reserve per block
   return gpu.first * std::clamp<int64_t>(gpu.second / block_smem, 1, 8);
 }
@@ -270,7 +267,7 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     // Many tokens: the activations rounded once, then the tensor-core tiles (the same bits).
     uint8_t* ws = static_cast<uint8_t*>(args.workspace);
     const RoundedRows acts = rounded_rows_at(ws + w.rounded, args.n, plan.cols);
-    round_rows(args.x, args.x_bf16, args.n, plan.cols, ws + w.rounded, true, stream);
+    round_rows(args.x, args.x_bf16, args.n, plan.cols, ws + w.rounded, stream);
     MmqDenseParams p{};
     p.weights = static_cast<const uint8_t*>(args.weights);
     p.acts = acts;
@@ -284,7 +281,7 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     dispatch_block_type(plan.type, [&](auto type_constant) {
       constexpr DType T = decltype(type_constant)::value;
       if constexpr (mmq_format(T)) {
-        using Tile = MmqTile<T, kDenseWM, kDenseWN>;
+        using Tile = MmqTile<T, kDenseWM, kDenseWN<T>>;
         auto* kernel = mmq_dense_kernel<T>;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes),
               "raising the tensor-core GEMM's shared memory limit");
@@ -314,7 +311,7 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   p.token_group = args.n == 1 ? 1 : token_group_for(plan.k_chunk);
   // +16: word loads may touch past a row's end
   const int nt = args.n == 1 ? 1 : kMaxTokenGroup;
-  const size_t smem = size_t(kRowsPerBlock) * p.stride + 16 + size_t(kWarps) * chain_scratch_floats(nt) * 4 +
+  const size_t smem = size_t(kRowsPerBlock) * p.stride + 16 + size_t(kWarps) * chain_scratch_floats(plan.type, nt) * 4 +
                       size_t(act_q8_bytes(p.token_group, int(plan.k_chunk)));
   const dim3 grid(unsigned(plan.row_tiles), unsigned(plan.k_splits));
   dispatch_block_type(plan.type, [&](auto type_constant) {
@@ -337,11 +334,11 @@ void quantize_activations_q8(const float* x, int64_t n, int64_t cols, int8_t* q,
   if (reinterpret_cast<uintptr_t>(x) & 15) throw_error("activations to round must be 16-byte aligned");
   const int64_t per_block = int64_t(kWarps) * kActBlock;
   const dim3 grid(unsigned((cols + per_block - 1) / per_block), unsigned(n));
-  round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(x, cols, q, d, nullptr);
+  round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(x, cols, q, d);
   check(cudaGetLastError(), "launching the activation rounding kernel");
 }
 
-void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, bool with_sums, cudaStream_t stream) {
+void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, cudaStream_t stream) {
   if (n < 1 || cols < 32 || cols % 32 != 0)
     throw_error("cannot round " + std::to_string(n) + " x " + std::to_string(cols) +
                 " activations to int8: need n >= 1 and cols a positive multiple of 32");
@@ -350,10 +347,9 @@ void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, 
   const dim3 grid(unsigned((cols + per_block - 1) / per_block), unsigned(n));
   int8_t* q = const_cast<int8_t*>(r.q);
   float* d = const_cast<float*>(r.d);
-  int16_t* s32 = with_sums ? const_cast<int16_t*>(r.s32) : nullptr;
   if (x_bf16)
-    round_rows_kernel<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), cols, q, d, s32);
-  else round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(static_cast<const float*>(x), cols, q, d, s32);
+    round_rows_kernel<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), cols, q, d);
+  else round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(static_cast<const float*>(x), cols, q, d);
   check(cudaGetLastError(), "launching the activation rounding kernel");
 }
 

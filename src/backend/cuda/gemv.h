@@ -66,9 +66,9 @@ int gemv_launches(const GemvPlan& plan, int64_t n);
 int64_t gemv_tokens_per_call(DType type);
 
 // Rounds x [n, cols] (f32 or bf16, cols a multiple of 32) to int8 per block of 256 into `out`
-// (rounded_rows_bytes(n, cols) device bytes, laid out as rounded_rows_at says; mmq.cuh), with the
-// sums of each 32 when asked: what the tensor-core kernels read.
-void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, bool with_sums, cudaStream_t stream);
+// (rounded_rows_bytes(n, cols) device bytes, laid out as rounded_rows_at says; mmq.cuh): what the
+// tensor-core kernels read.
+void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, cudaStream_t stream);
 
 // The int8 rounding the GEMV and MoE kernels apply to their activations, on its own: x [n, cols]
 // (cols a multiple of 32, 16-byte aligned, device) into q [n, cols] and d [n, ceil(cols / 256)],

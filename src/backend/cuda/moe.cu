@@ -33,17 +33,17 @@ int32_t token_group_for(int64_t k_len, int64_t n) {
 // Dynamic shared bytes of each kernel: staged rows, one token group's rounded activations, the
 // pair list.
 // Floats of chain scratch (block_dot.cuh) the kernels of a call of n tokens give each warp.
-int chain_floats_for(int64_t n) { return chain_scratch_floats(n <= kMaxTokenGroup ? 1 : kMaxTokenGroup); }
+int chain_floats_for(DType t, int64_t n) { return chain_scratch_floats(t, n <= kMaxTokenGroup ? 1 : kMaxTokenGroup); }
 
 size_t gate_up_smem(const MoeShape& s, int64_t n, int64_t pairs) {
   return size_t(kGateUpWarps) * kRowsPerWarp * staged_row_stride(int(row_bytes(s.gate_up_type, s.hidden))) + 16 +
-         size_t(kGateUpWarps) * chain_floats_for(n) * 4 +
+         size_t(kGateUpWarps) * chain_floats_for(s.gate_up_type, n) * 4 +
          size_t(act_q8_bytes(token_group_for(s.hidden, n), int(s.hidden))) + size_t(pairs) * sizeof(int);
 }
 size_t down_smem(const MoeShape& s, int64_t n, int64_t pairs) {
   return size_t(kDownWarps) * kDownQuads * kRowsPerWarp *
              staged_row_stride(int(row_bytes(s.down_type, s.width))) +
-         16 + size_t(kDownWarps) * chain_floats_for(n) * 4 +
+         16 + size_t(kDownWarps) * chain_floats_for(s.down_type, n) * 4 +
          size_t(act_q8_bytes(token_group_for(s.width, n), int(s.width))) + size_t(pairs) * sizeof(int);
 }
 
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
   // may start its prologue (fetching its weights) as this grid's blocks retire.
   wait_for_previous_grid();
   allow_next_grid();
-  const int staged_bytes = kGateUpWarps * kRowsPerWarp * p.stride + 16 + kGateUpWarps * chain_scratch_floats(NT) * 4;
+  const int staged_bytes = kGateUpWarps * kRowsPerWarp * p.stride + 16 + kGateUpWarps * chain_scratch_floats(T, NT) * 4;
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
   // This pair's expert and its table entry are fetched before the scan of the ids, so the table
   // read overlaps it instead of following it (one memory round trip less before the weights).
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
     parts = stage_rows(src, int(rb), part_bytes_of<T>(), smem + warp * kRowsPerWarp * p.stride, p.stride, staged, lane);
   }
   float* chain = reinterpret_cast<float*>(smem + kGateUpWarps * kRowsPerWarp * p.stride + 16) +
-                 warp * chain_scratch_floats(NT);
+                 warp * chain_scratch_floats(T, NT);
   const ActQ8 xq = act_q8_at(smem + staged_bytes, p.token_group, int(p.hidden));
   for (int i0 = 0; i0 < m; i0 += p.token_group) {
     const int tokens = min(p.token_group, m - i0);
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
   // read now; the weights too. Only the activations need the gate/up kernel finished.
   allow_next_grid();
   const int staged_bytes =
-      kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16 + kDownWarps * chain_scratch_floats(NT) * 4;
+      kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16 + kDownWarps * chain_scratch_floats(T, NT) * 4;
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
   ExpertWeights e{};
   int m;
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
     }
     wait_for_previous_grid();
     float* chain = reinterpret_cast<float*>(smem + kDownWarps * kDownQuads * kRowsPerWarp * p.stride + 16) +
-                   warp * chain_scratch_floats(NT);
+                   warp * chain_scratch_floats(T, NT);
     const ActQ8 xq = act_q8_at(smem + staged_bytes, p.token_group, int(p.width));
     for (int i0 = 0; i0 < m; i0 += p.token_group) {
       const int tokens = min(p.token_group, m - i0);
@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(kMmqThreads) moe_mmq_gate_up_kernel(MoeParams 
   const int64_t e0 = int64_t(blockIdx.x) * (Tile::BM / 2);
   auto expert_row = [&](int tr) { return e0 + (tr / 32) * 16 + tr % 16; };  // tile row -> row of gate or up
   float gate = 0.0f;
-  mmq_tile<T, 2, kMoeWN>(
+  mmq_tile<T, 2, kMoeWN, false>(
       smem,
       [&](int tr, int kt) {
         const int64_t r = expert_row(tr) < p.width ? expert_row(tr) : p.width - 1;
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(kMmqThreads) moe_mmq_down_kernel(MoeParams p) 
   const uint8_t* down = static_cast<const uint8_t*>(p.table[key].down);
   const int64_t rb = p.width / Unit<T>::kBlockElems * Unit<T>::kBlockBytes;
   const int k_steps = int(p.width / kMmqKTile);
-  mmq_tile<T, 2, kMoeWN>(
+  mmq_tile<T, 2, kMoeWN, false>(
       smem,
       [&](int tr, int kt) {
         const int64_t r = row0 + tr < p.hidden ? row0 + tr : p.hidden - 1;
@@ -582,6 +582,10 @@ MoePlan plan_moe(const MoeShape& s, int64_t max_tokens) {
   return plan;
 }
 
+int64_t moe_tokens_per_call(const MoeShape& shape) {
+  return mmq_format(shape.gate_up_type) && mmq_format(shape.down_type) ? 1024 : 256;
+}
+
 int moe_launches(const MoePlan& plan, int64_t n) {
   if (n <= kMaxTokenGroup) return kMoeLaunchesPerCall;
   int launches = kMoeLaunchesPerCall + 1;
@@ -643,7 +647,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(launch_overlapped(moe_group_kernel, dim3(1), dim3(kGroupThreads), 0, stream, p),
           "launching the MoE grouping kernel");
 
-  if (mmq_gate_up) round_rows(a.x, false, a.n, s.hidden, ws + w.x_rounded, true, stream);
+  if (mmq_gate_up) round_rows(a.x, false, a.n, s.hidden, ws + w.x_rounded, stream);
   dispatch_block_type(s.gate_up_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     if constexpr (mmq_format(T)) {
@@ -670,7 +674,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q),
           "launching the MoE gate/up kernel");
   });
-  if (mmq_down) round_rows(p.act, false, p.pairs, s.width, ws + w.act_rounded, true, stream);
+  if (mmq_down) round_rows(p.act, false, p.pairs, s.width, ws + w.act_rounded, stream);
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     if constexpr (mmq_format(T)) {

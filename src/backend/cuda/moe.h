@@ -97,4 +97,9 @@ constexpr int kMoeLaunchesPerCall = 2;
 // a projection on the tensor-core path rounds its activations first, and down adds a combine.
 int moe_launches(const MoePlan& plan, int64_t n);
 
+// Tokens one moe_experts() call should be planned for: the tensor-core path wants whole prefill
+// chunks (an expert's token tiles fill up); the decode kernels keep a call's pair list in shared
+// memory, which bounds theirs.
+int64_t moe_tokens_per_call(const MoeShape& shape);
+
 }  // namespace spill::cuda

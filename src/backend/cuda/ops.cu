@@ -758,7 +758,7 @@ __global__ void __launch_bounds__(kBlock) attention_tile_kernel(AttentionArgs a,
 }
 
 // ---- paged attention on tensor cores (BF16 cache) --------------------------------------------------
-// One block of kWarpsPerBlock warps per (token, kHeads <= 16 query heads of one KV head, partition);
+// One block of kWarpsPerBlock warps per (kTokens tokens, kHeads <= 16 query heads of one KV head, partition);
 // warp w takes the partition's 32-position tiles w, w + 4, ... Both products are mma.m16n8k16 with
 // f32 accumulation: S[16 heads x 8 positions] = Q K^T over head_dim in steps of 16 (rows past
 // kHeads are zero), and O[16 x D] += P V over 16 positions a step. So one warp instruction does
@@ -772,7 +772,11 @@ __global__ void __launch_bounds__(kBlock) attention_tile_kernel(AttentionArgs a,
 // product's k index 2t, 2t+1, 2t+8, 2t+9 of step 2m+h (t = lane % 4) is dimension 8 (t + 4m) +
 // 4h + 0, 1, 2, 3, for q and k alike (a sum over the same pairs). V goes through shared memory
 // (cp.async, rows zero-filled past the partition) and ldmatrix.trans gives its fragments.
-// Batch-invariant: a token's heads are the only rows of its products.
+// Batch-invariant: a row of the products never sees the other rows. In a prompt the block takes
+// kTokens = 16 / kHeads consecutive tokens of one sequence whose partitions have the same length
+// (their tiles are the same positions), so the m16 tiles are full and K and V are read once for all
+// of them; each row masks at its own token's end and keeps its state exactly through a tile past it.
+// Tokens that cannot share (other sequences, other lengths) take a pass each.
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -787,6 +791,7 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&c)[4], const uint32_t (
 }
 
 constexpr int kMmaTile = 32;  // positions a warp takes at once
+constexpr int64_t kAttentionShareMinTokens = 64;  // steps of at least this many tokens share m16 tiles
 
 // Shared bytes of one warp's V tile: 32 rows of D bf16, padded by 16 bytes so that ldmatrix's eight
 // row addresses fall in different banks.
@@ -797,203 +802,256 @@ __host__ __device__ constexpr int mma_attention_smem(int D) {
   return v > merge ? v : merge;
 }
 
-template <int D>
-__global__ void __launch_bounds__(kBlock) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads) {
+template <int D, bool kShare>
+__global__ void __launch_bounds__(kBlock) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads,
+                                                               int32_t share_tokens) {
+  const int32_t kTokens = kShare ? share_tokens : 1;  // a decode step's build keeps one token's code
   constexpr int kSteps = D / 16;    // k steps of Q K^T
   constexpr int kWords = D / 32;    // 16-byte words of a K row per lane and position
   constexpr int kOTiles = D / 8;    // n tiles of P V
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float m_s[kWarpsPerBlock][16], l_s[kWarpsPerBlock][16];
+  __shared__ float f_s[16][kWarpsPerBlock], merge_m[16], merge_l[16];
+  __shared__ unsigned merge_live[16];
+  __shared__ int32_t merge_parts[16];
   overlap_prologue();
   const int32_t chunks = int32_t(a.n_heads / kHeads);
-  const int32_t t = int32_t(blockIdx.x) / chunks, h0 = (int32_t(blockIdx.x) % chunks) * kHeads;
+  const int32_t t_first = (int32_t(blockIdx.x) / chunks) * kTokens, h0 = (int32_t(blockIdx.x) % chunks) * kHeads;
   const int part = blockIdx.y;
-  const int32_t n_pos = a.positions[t] + 1;
-  const AttentionSplit split = attention_split(n_pos);
-  const int32_t n_parts = split.parts;
-  if (part >= n_parts) return;
   const int32_t kvh = h0 / int32_t(a.n_heads / a.n_kv_heads);
   const int64_t row_elems = a.n_kv_heads * D;
-  const int32_t* table = a.block_tables + a.table_offset[t];
   const float scale = 1.0f / sqrtf(float(D));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
-  const int32_t p_begin = part * split.length;
-  const int32_t p_end = min(n_pos, p_begin + split.length);
   const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache) + int64_t(kvh) * D;
   const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache) + int64_t(kvh) * D;
   uint8_t* v_tile = smem + warp * kMmaTile * mma_v_row_bytes(D);
+  const int32_t length = attention_split(a.positions[t_first] + 1).length;
 
-  // Q as A fragments: rows g and g + 8 (heads h0 + g, h0 + g + 8; zero past kHeads).
-  uint32_t qa[kSteps][4];
-#pragma unroll
-  for (int m = 0; m < kWords; ++m) {
-    float lo[8] = {0, 0, 0, 0, 0, 0, 0, 0}, hi[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const int d0 = 8 * (tq + 4 * m);
-    if (g < kHeads) {
-      const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(t) * a.ld_q + int64_t(h0 + g) * D + d0);
-      const float4 x0 = q[0], x1 = q[1];
-      lo[0] = x0.x, lo[1] = x0.y, lo[2] = x0.z, lo[3] = x0.w, lo[4] = x1.x, lo[5] = x1.y, lo[6] = x1.z, lo[7] = x1.w;
-    }
-    if (g + 8 < kHeads) {
-      const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(t) * a.ld_q + int64_t(h0 + g + 8) * D + d0);
-      const float4 x0 = q[0], x1 = q[1];
-      hi[0] = x0.x, hi[1] = x0.y, hi[2] = x0.z, hi[3] = x0.w, hi[4] = x1.x, hi[5] = x1.y, hi[6] = x1.z, hi[7] = x1.w;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      qa[2 * m + h][0] = pack_bf16x2(lo[4 * h], lo[4 * h + 1]);
-      qa[2 * m + h][1] = pack_bf16x2(hi[4 * h], hi[4 * h + 1]);
-      qa[2 * m + h][2] = pack_bf16x2(lo[4 * h + 2], lo[4 * h + 3]);
-      qa[2 * m + h][3] = pack_bf16x2(hi[4 * h + 2], hi[4 * h + 3]);
-    }
-  }
-
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
-  float o[kOTiles][4];
-#pragma unroll
-  for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-
-  for (int32_t tile = p_begin + warp * kMmaTile; tile < p_end; tile += kWarpsPerBlock * kMmaTile) {
-    auto row_of = [&](int32_t p) {
-      return (int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size) * row_elems;
-    };
-    // V rows of the tile into shared memory (zeros past the partition), in flight during Q K^T.
-    __syncwarp();  // the previous tile's ldmatrix reads are done
-    {
-      constexpr int kChunks = D / 8;  // 16-byte pieces per row
-      const unsigned base = unsigned(__cvta_generic_to_shared(v_tile));
-#pragma unroll 4
-      for (int i = lane; i < kMmaTile * kChunks; i += 32) {
-        const int r = i / kChunks, c = i % kChunks;
-        const int32_t p = tile + r;
-        const bool live = p < p_end;
-        const __nv_bfloat16* src = vc + (live ? row_of(p) : 0) + 8 * c;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + unsigned(r * mma_v_row_bytes(D) + 16 * c)),
-                     "l"(src), "r"(live ? 16 : 0));
-      }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }
-    // S = Q K^T for the tile's four n tiles of 8 positions; lane holds positions 2 tq, 2 tq + 1 of each.
-    // Every K word of the tile is requested before the first product (one round trip, not four).
-    uint4 kw[4][kWords];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int32_t p = tile + 8 * j + g;
-      const bool live = p < p_end;
-      const uint4* k4 = reinterpret_cast<const uint4*>(kc + (live ? row_of(p) : 0));
-#pragma unroll
-      for (int m = 0; m < kWords; ++m) kw[j][m] = live ? k4[tq + 4 * m] : make_uint4(0, 0, 0, 0);
-    }
-    float sc[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-#pragma unroll
-      for (int m = 0; m < kWords; ++m) {
-        mma_bf16_16x8x16(sc[j], qa[2 * m], kw[j][m].x, kw[j][m].y);
-        mma_bf16_16x8x16(sc[j], qa[2 * m + 1], kw[j][m].z, kw[j][m].w);
-      }
-    }
-    // Online softmax per row over the tile: a row's values sit in the four lanes of a quad.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int32_t p = tile + 8 * j + 2 * tq + (e & 1);
-        sc[j][e] = p < p_end ? __fmul_rn(sc[j][e], scale) : -INFINITY;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[j][e]);
-      }
-    float corr[2];
+  // The block's kTokens tokens share the m16 tiles (row r: token r / kHeads, head r % kHeads) when
+  // they read the same positions: one sequence and one partition length. Otherwise each token takes
+  // its own pass, as in a decode batch.
+  bool shared = t_first + kTokens <= a.n;
+  for (int32_t i = 1; i < kTokens && shared; ++i)
+    shared = a.table_offset[t_first + i] == a.table_offset[t_first] &&
+             attention_split(a.positions[t_first + i] + 1).length == length;
+  const int32_t passes = shared ? 1 : kTokens;
+  for (int32_t pass = 0; pass < passes; ++pass) {
+    const int32_t pt0 = t_first + pass, ptn = shared ? kTokens : 1;  // the pass's tokens pt0 ..
+    if (pt0 >= a.n) break;
+    const int32_t len = shared ? length : attention_split(a.positions[pt0] + 1).length;
+    const int32_t pb = part * len;
+    // Each row's end (pb where the partition is past its token's context) and the pass's end.
+    int32_t p_end_max = pb;
+    for (int32_t i = 0; i < ptn; ++i) p_end_max = max(p_end_max, min(a.positions[pt0 + i] + 1, pb + len));
+    if (p_end_max <= pb) continue;  // no token of the pass reaches this partition (block-uniform)
+    const int32_t* table = a.block_tables + a.table_offset[pt0];
+    const int rows = ptn * kHeads;
+    int32_t row_end[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m_run[r], tile_max[r]);
-      corr[r] = expf(__fsub_rn(m_run[r], m_new));  // 0 on the first tile
-      m_run[r] = m_new;
-      l_run[r] = __fmul_rn(l_run[r], corr[r]);
+      const int row = g + 8 * r;
+      if constexpr (kShare) row_end[r] = row < rows ? max(pb, min(a.positions[pt0 + row / kHeads] + 1, pb + len)) : pb;
+      else row_end[r] = p_end_max;
     }
+
+    // Q as A fragments: rows g and g + 8 (zero past the pass's rows).
+    uint32_t qa[kSteps][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int m = 0; m < kWords; ++m) {
+      float x[2][8];
+      const int d0 = 8 * (tq + 4 * m);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[j][e] = expf(__fsub_rn(sc[j][e], m_run[e >> 1]));  // 0 past the partition
-        l_run[e >> 1] = __fadd_rn(l_run[e >> 1], sc[j][e]);
+      for (int r = 0; r < 2; ++r) {
+        const int row = g + 8 * r;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[r][i] = 0.0f;
+        if (row < rows) {
+          const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(pt0 + row / kHeads) * a.ld_q +
+                                                            int64_t(h0 + row % kHeads) * D + d0);
+          const float4 x0 = q[0], x1 = q[1];
+          x[r][0] = x0.x, x[r][1] = x0.y, x[r][2] = x0.z, x[r][3] = x0.w;
+          x[r][4] = x1.x, x[r][5] = x1.y, x[r][6] = x1.z, x[r][7] = x1.w;
+        }
       }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        qa[2 * m + h][0] = pack_bf16x2(x[0][4 * h], x[0][4 * h + 1]);
+        qa[2 * m + h][1] = pack_bf16x2(x[1][4 * h], x[1][4 * h + 1]);
+        qa[2 * m + h][2] = pack_bf16x2(x[0][4 * h + 2], x[0][4 * h + 3]);
+        qa[2 * m + h][3] = pack_bf16x2(x[1][4 * h + 2], x[1][4 * h + 3]);
+      }
+    }
+
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
+    float o[kOTiles][4];
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+    for (int32_t tile = pb + warp * kMmaTile; tile < p_end_max; tile += kWarpsPerBlock * kMmaTile) {
+      auto row_of = [&](int32_t p) {
+        return (int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size) * row_elems;
+      };
+      // V rows of the tile into shared memory (zeros past the pass), in flight during Q K^T.
+      __syncwarp();  // the previous tile's ldmatrix reads are done
+      {
+        constexpr int kChunks = D / 8;  // 16-byte pieces per row
+        const unsigned base = unsigned(__cvta_generic_to_shared(v_tile));
+#pragma unroll 4
+        for (int i = lane; i < kMmaTile * kChunks; i += 32) {
+          const int r = i / kChunks, c = i % kChunks;
+          const int32_t p = tile + r;
+          const bool live = p < p_end_max;
+          const __nv_bfloat16* src = vc + (live ? row_of(p) : 0) + 8 * c;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + unsigned(r * mma_v_row_bytes(D) + 16 * c)),
+                       "l"(src), "r"(live ? 16 : 0));
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+      }
+      // S = Q K^T for the tile's four n tiles of 8 positions; lane holds positions 2 tq, 2 tq + 1 of each.
+      // Every K word of the tile is requested before the first product (one round trip, not four).
+      uint4 kw[4][kWords];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int32_t p = tile + 8 * j + g;
+        const bool live = p < p_end_max;
+        const uint4* k4 = reinterpret_cast<const uint4*>(kc + (live ? row_of(p) : 0));
+#pragma unroll
+        for (int m = 0; m < kWords; ++m) kw[j][m] = live ? k4[tq + 4 * m] : make_uint4(0, 0, 0, 0);
+      }
+      float sc[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int m = 0; m < kWords; ++m) {
+          mma_bf16_16x8x16(sc[j], qa[2 * m], kw[j][m].x, kw[j][m].y);
+          mma_bf16_16x8x16(sc[j], qa[2 * m + 1], kw[j][m].z, kw[j][m].w);
+        }
+      }
+      // Online softmax per row over the tile: a row's values sit in the four lanes of a quad. A row
+      // whose context ends before the tile keeps its state exactly (factor 1, weights 0), so it ends
+      // with the bits of a pass that never saw the tile.
+      const bool row_live[2] = {!kShare || tile < row_end[0], !kShare || tile < row_end[1]};
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int32_t p = tile + 8 * j + 2 * tq + (e & 1);
+          sc[j][e] = p < row_end[e >> 1] ? __fmul_rn(sc[j][e], scale) : -INFINITY;
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[j][e]);
+        }
+      float corr[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float m_new = row_live[r] ? fmaxf(m_run[r], tile_max[r]) : m_run[r];
+        corr[r] = row_live[r] ? expf(__fsub_rn(m_run[r], m_new)) : 1.0f;  // 0 on the first tile
+        m_run[r] = m_new;
+        l_run[r] = __fmul_rn(l_run[r], corr[r]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[j][e] = row_live[e >> 1] ? expf(__fsub_rn(sc[j][e], m_run[e >> 1])) : 0.0f;  // 0 past the row's end
+          l_run[e >> 1] = __fadd_rn(l_run[e >> 1], sc[j][e]);
+        }
+#pragma unroll
+      for (int j = 0; j < kOTiles; ++j) {
+        o[j][0] = __fmul_rn(o[j][0], corr[0]);
+        o[j][1] = __fmul_rn(o[j][1], corr[0]);
+        o[j][2] = __fmul_rn(o[j][2], corr[1]);
+        o[j][3] = __fmul_rn(o[j][3], corr[1]);
+      }
+      // O += P V: P's A fragments are S's C fragments of n tiles 2kk and 2kk + 1.
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      __syncwarp();
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                                pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        // Lanes 0-7 address rows 16kk + 0..7 of dims 8j.., 8-15 rows 16kk + 8..15, 16-31 the same for 8(j+1)..
+        const int r = 16 * kk + (lane & 15), dcol = 8 * (lane >> 4);
+        const unsigned row_addr = unsigned(__cvta_generic_to_shared(v_tile + r * mma_v_row_bytes(D) + 2 * dcol));
+#pragma unroll
+        for (int j = 0; j < kOTiles; j += 2) {
+          uint32_t b0, b1, b2, b3;
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                       : "r"(row_addr + unsigned(16 * j)));
+          mma_bf16_16x8x16(o[j], pa, b0, b1);
+          mma_bf16_16x8x16(o[j + 1], pa, b2, b3);
+        }
+      }
+    }
+    // A row's l is the sum over its quad.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 1));
+      l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 2));
+    }
+    __syncthreads();  // every warp is done with its V tile: the bytes hold the warps' O now
+    float* acc_s = reinterpret_cast<float*>(smem);  // [warp][16][D]
+    if (tq == 0) {
+      m_s[warp][g] = m_run[0], m_s[warp][g + 8] = m_run[1];
+      l_s[warp][g] = l_run[0], l_s[warp][g + 8] = l_run[1];
+    }
 #pragma unroll
     for (int j = 0; j < kOTiles; ++j) {
-      o[j][0] = __fmul_rn(o[j][0], corr[0]);
-      o[j][1] = __fmul_rn(o[j][1], corr[0]);
-      o[j][2] = __fmul_rn(o[j][2], corr[1]);
-      o[j][3] = __fmul_rn(o[j][3], corr[1]);
+      float* rg = acc_s + (warp * 16 + g) * D + 8 * j + 2 * tq;
+      rg[0] = o[j][0], rg[1] = o[j][1];
+      rg[8 * D] = o[j][2], rg[8 * D + 1] = o[j][3];
     }
-    // O += P V: P's A fragments are S's C fragments of n tiles 2kk and 2kk + 1.
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncwarp();
+    __syncthreads();
+    // Merge the warps in order (a warp with no tile has m = -inf and weight 0). The factors of a row
+    // are the same for all its D outputs: taken once per row here (the same operations as per element).
+    if (threadIdx.x < rows) {
+      const int r = threadIdx.x;
+      float M = m_s[0][r];
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-      // Lanes 0-7 address rows 16kk + 0..7 of dims 8j.., 8-15 rows 16kk + 8..15, 16-31 the same for 8(j+1)..
-      const int r = 16 * kk + (lane & 15), dcol = 8 * (lane >> 4);
-      const unsigned row_addr = unsigned(__cvta_generic_to_shared(v_tile + r * mma_v_row_bytes(D) + 2 * dcol));
+      for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w][r]);
+      float L = 0.0f;
+      unsigned live = 0;
 #pragma unroll
-      for (int j = 0; j < kOTiles; j += 2) {
-        uint32_t b0, b1, b2, b3;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                     : "r"(row_addr + unsigned(16 * j)));
-        mma_bf16_16x8x16(o[j], pa, b0, b1);
-        mma_bf16_16x8x16(o[j + 1], pa, b2, b3);
+      for (int w = 0; w < kWarpsPerBlock; ++w) {
+        f_s[r][w] = 0.0f;
+        if (m_s[w][r] != -INFINITY) {
+          const float f = expf(__fsub_rn(m_s[w][r], M));
+          L = __fadd_rn(L, __fmul_rn(l_s[w][r], f));
+          f_s[r][w] = f;
+          live |= 1u << w;
+        }
+      }
+      merge_m[r] = M, merge_l[r] = L, merge_live[r] = live;
+      merge_parts[r] = attention_split(a.positions[pt0 + r / kHeads] + 1).parts;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows * D; i += kBlock) {
+      const int r = i / D, d = i % D;
+      const int32_t n_parts = merge_parts[r];
+      if (part >= n_parts) continue;  // the partition is past this token's context
+      const int32_t t = pt0 + r / kHeads;
+      const int64_t h = h0 + r % kHeads, th = int64_t(t) * a.n_heads + h;
+      const unsigned live = merge_live[r];
+      float out = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarpsPerBlock; ++w)
+        if (live & (1u << w)) out = __fmaf_rn(acc_s[(w * 16 + r) * D + d], f_s[r][w], out);
+      if (n_parts == 1) {
+        a.out[int64_t(t) * a.n_heads * D + h * D + d] = __fdiv_rn(out, merge_l[r]);
+      } else {
+        float* ws = a.workspace + (th * n_parts_grid + part) * (D + 2);
+        ws[2 + d] = out;
+        if (d == 0) {
+          ws[0] = merge_m[r];
+          ws[1] = merge_l[r];
+        }
       }
     }
-  }
-  // A row's l is the sum over its quad.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 1));
-    l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 2));
-  }
-  __syncthreads();  // every warp is done with its V tile: the bytes hold the warps' O now
-  float* acc_s = reinterpret_cast<float*>(smem);  // [warp][16][D]
-  if (tq == 0) {
-    m_s[warp][g] = m_run[0], m_s[warp][g + 8] = m_run[1];
-    l_s[warp][g] = l_run[0], l_s[warp][g + 8] = l_run[1];
-  }
-#pragma unroll
-  for (int j = 0; j < kOTiles; ++j) {
-    float* rg = acc_s + (warp * 16 + g) * D + 8 * j + 2 * tq;
-    rg[0] = o[j][0], rg[1] = o[j][1];
-    rg[8 * D] = o[j][2], rg[8 * D + 1] = o[j][3];
-  }
-  __syncthreads();
-  // Merge the warps in order (a warp with no tile has m = -inf and weight 0).
-  for (int i = threadIdx.x; i < kHeads * D; i += kBlock) {
-    const int r = i / D, d = i % D;
-    const int64_t h = h0 + r, th = int64_t(t) * a.n_heads + h;
-    float M = m_s[0][r];
-#pragma unroll
-    for (int w = 1; w < kWarpsPerBlock; ++w) M = fmaxf(M, m_s[w][r]);
-    float L = 0.0f, out = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w)
-      if (m_s[w][r] != -INFINITY) {
-        const float f = expf(__fsub_rn(m_s[w][r], M));
-        L = __fadd_rn(L, __fmul_rn(l_s[w][r], f));
-        out = __fmaf_rn(acc_s[(w * 16 + r) * D + d], f, out);
-      }
-    if (n_parts == 1) {
-      a.out[int64_t(t) * a.n_heads * D + h * D + d] = __fdiv_rn(out, L);
-    } else {
-      float* ws = a.workspace + (th * n_parts_grid + part) * (D + 2);
-      ws[2 + d] = out;
-      if (d == 0) {
-        ws[0] = M;
-        ws[1] = L;
-      }
-    }
+    __syncthreads();  // the merge has read the shared bytes before the next pass's V tiles
   }
 }
 
@@ -1006,15 +1064,17 @@ __global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
   if (n_parts <= 1) return;
   const int64_t D = a.head_dim;
   const float* ws = a.workspace + th * n_parts_grid * (D + 2);
+  // Each partition's factor once (the same for all D outputs).
+  __shared__ float factor[kMaxAttentionPartitions];
   float M = ws[0];
   for (int p = 1; p < n_parts; ++p) M = fmaxf(M, ws[p * (D + 2)]);
+  for (int p = threadIdx.x; p < n_parts; p += blockDim.x) factor[p] = expf(__fsub_rn(ws[p * (D + 2)], M));
+  __syncthreads();
   float L = 0.0f;
-  for (int p = 0; p < n_parts; ++p)
-    L = __fadd_rn(L, __fmul_rn(ws[p * (D + 2) + 1], expf(__fsub_rn(ws[p * (D + 2)], M))));
+  for (int p = 0; p < n_parts; ++p) L = __fadd_rn(L, __fmul_rn(ws[p * (D + 2) + 1], factor[p]));
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.0f;
-    for (int p = 0; p < n_parts; ++p)
-      o = __fmaf_rn(ws[p * (D + 2) + 2 + d], expf(__fsub_rn(ws[p * (D + 2)], M)), o);
+    for (int p = 0; p < n_parts; ++p) o = __fmaf_rn(ws[p * (D + 2) + 2 + d], factor[p], o);
     a.out[t * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
   }
 }
@@ -1305,6 +1365,71 @@ __global__ void __launch_bounds__(kBlock) matmul_float_kernel(const W* w, int64_
   }
 }
 
+// Many tokens (prefill): a block takes kFloatRows rows x kTokenGroup tokens, so each weight vector
+// serves 8 tokens and each activation vector 8 rows (the one-row kernel re-reads a token's
+// activations for every row: the router's 128 rows read 512 tokens' 4 MiB 128 times). Each thread
+// holds the same columns in the same order as in matmul_float_kernel (vector m of the row at
+// thread * kVec + m * kBlock * kVec), and the warp butterfly and the warps in order follow, so a
+// (row, token) gets the same bits from either kernel: which one runs may depend on n.
+constexpr int kFloatRows = 8;
+
+template <class W, int kVec>
+__global__ void __launch_bounds__(kBlock) matmul_float_rows_kernel(const W* w, int64_t rows, int64_t cols, const float* x,
+                                                                   int64_t n, const float* bias, float* y) {
+  constexpr int64_t kPass = int64_t(kBlock) * kVec;
+  __shared__ float part[kWarpsPerBlock][kFloatRows][kTokenGroup];
+  const int64_t r0 = int64_t(blockIdx.x) * kFloatRows, t0 = int64_t(blockIdx.y) * kTokenGroup;
+  const int nt = int(min(int64_t(kTokenGroup), n - t0));
+  const int nr = int(min(int64_t(kFloatRows), rows - r0));
+  overlap_prologue();
+  float acc[kFloatRows][kTokenGroup];
+#pragma unroll
+  for (int r = 0; r < kFloatRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kTokenGroup; ++t) acc[r][t] = 0.0f;
+  for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += kPass) {
+    float wv[kFloatRows][kVec];
+#pragma unroll
+    for (int r = 0; r < kFloatRows; ++r) {
+      if (r < nr) {
+        FloatVec<W, kVec> v;
+        v.load(w + (r0 + r) * cols + c);
+        v.unpack(wv[r]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) wv[r][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTokenGroup; ++t) {
+      if (t >= nt) break;
+      float xv[kVec];
+      load_x<kVec>(x + (t0 + t) * cols + c, xv);
+#pragma unroll
+      for (int r = 0; r < kFloatRows; ++r)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[r][t] = __fmaf_rn(wv[r][e], xv[e], acc[r][t]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kFloatRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kTokenGroup; ++t) {
+      const float s = warp_sum_f(acc[r][t]);
+      if (threadIdx.x % 32 == 0) part[threadIdx.x / 32][r][t] = s;
+    }
+  __syncthreads();
+  if (threadIdx.x < kFloatRows * kTokenGroup) {
+    const int r = int(threadIdx.x) / kTokenGroup, t = int(threadIdx.x) % kTokenGroup;
+    if (r < nr && t < nt) {
+      float s = part[0][r][t];
+      for (int wp = 1; wp < kWarpsPerBlock; ++wp) s = __fadd_rn(s, part[wp][r][t]);
+      if (bias) s = __fadd_rn(s, bias[r0 + r]);
+      y[(t0 + t) * rows + r0 + r] = s;
+    }
+  }
+}
+
 // ---- routed experts of float weights ---------------------------------------------------------------
 
 __device__ __forceinline__ bool valid_expert(int32_t id, int32_t n) { return id >= 0 && id < n; }
@@ -1497,15 +1622,20 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
   const dim3 merge_grid(grid_dim(a.n * a.n_heads, "attention"));
   if (const int heads = attention_mma_heads(a); heads > 0) {
-    const dim3 grid(grid_dim(a.n * (a.n_heads / heads), "attention"), unsigned(parts));
+    // A prompt's consecutive tokens fill the m16 tiles together (16 / heads of them) once a step has
+    // enough tokens to be mostly prompt; a decode batch keeps a block per token (more blocks, and
+    // its tokens are of different sequences). The bits are the same either way.
+    const int32_t tokens = a.n >= kAttentionShareMinTokens && 16 % heads == 0 ? 16 / heads : 1;
+    const dim3 grid(grid_dim((a.n + tokens - 1) / tokens * (a.n_heads / heads), "attention"), unsigned(parts));
     auto go = [&](auto kernel, int D) {
       const int smem = mma_attention_smem(D);
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
             "raising the attention kernel's shared memory limit");
-      launch("launching the attention kernel", kernel, grid, dim3(kBlock), size_t(smem), stream, a, parts, int32_t(heads));
+      launch("launching the attention kernel", kernel, grid, dim3(kBlock), size_t(smem), stream, a, parts, int32_t(heads),
+             tokens);
     };
-    if (a.head_dim == 64) go(attention_mma_kernel<64>, 64);
-    else go(attention_mma_kernel<128>, 128);
+    if (a.head_dim == 64) go(tokens > 1 ? attention_mma_kernel<64, true> : attention_mma_kernel<64, false>, 64);
+    else go(tokens > 1 ? attention_mma_kernel<128, true> : attention_mma_kernel<128, false>, 128);
     if (parts > 1)
       launch("launching the attention merge kernel", attention_merge_kernel, merge_grid, dim3(kBlock), 0, stream, a, parts);
     return;
@@ -1596,7 +1726,16 @@ void matmul_float(const void* w, DType type, int64_t rows, int64_t cols, const f
     constexpr int kVec = int(16 / sizeof(W));
     // 16-byte loads where every row starts on 16 bytes, element loads otherwise: the shape and the
     // buffers decide, never the number of tokens, so a row's sum order is the same at any batch
-    auto* kernel = aligned && cols % kVec == 0 ? matmul_float_kernel<W, kVec> : matmul_float_kernel<W, 1>;
+    const bool vec = aligned && cols % kVec == 0;
+    if (n > kTokenGroup) {
+      // Several token groups: rows in blocks of kFloatRows (the same sums, fewer activation reads).
+      const dim3 rows_grid(grid_dim((rows + kFloatRows - 1) / kFloatRows, "matmul"), grid.y);
+      auto* kernel = vec ? matmul_float_rows_kernel<W, kVec> : matmul_float_rows_kernel<W, 1>;
+      launch("launching the float matmul kernel", kernel, rows_grid, dim3(kBlock), 0, stream,
+             static_cast<const W*>(w), rows, cols, x, n, bias, y);
+      return;
+    }
+    auto* kernel = vec ? matmul_float_kernel<W, kVec> : matmul_float_kernel<W, 1>;
     launch("launching the float matmul kernel", kernel, grid, dim3(kBlock), 0, stream,
            static_cast<const W*>(w), rows, cols, x, n, bias, y);
   });
