@@ -616,11 +616,13 @@ __device__ __forceinline__ float unit_value(const U& unit, const uint32_t (&x)[U
   return __fmul_rn(unit.d, small_int_to_float(unit.dot(x)));
 }
 
-// A K-quant block's value from its exact sums: d * S - dmin * M.
+// A K-quant block's value from its exact sums: d * S - dmin * M. M's mins are at most 63 (6-bit)
+// over group sums of at most 32 * 127 per 32 weights, so |M| <= 63 * 127 * 256 < 2^22 and
+// small_int_to_float converts it exactly; S may pass 2^22 (Q4_K: 63 * 15 * 127 * 256) and takes I2F.
 template <class U>
 __device__ __forceinline__ float block_value(float d, float dmin, int32_t S, int32_t M) {
   float f = __fmul_rn(d, __int2float_rn(S));
-  if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(dmin, __int2float_rn(M)));
+  if constexpr (U::kHasMin) f = __fsub_rn(f, __fmul_rn(dmin, small_int_to_float(M)));
   return f;
 }
 

@@ -802,8 +802,9 @@ __host__ __device__ constexpr int mma_attention_smem(int D) {
   return v > merge ? v : merge;
 }
 
+// The prompt build is held to 168 registers (3 blocks per SM instead of 2, 16 bytes spilled).
 template <int D, bool kShare>
-__global__ void __launch_bounds__(kBlock) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads,
+__global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads,
                                                                int32_t share_tokens) {
   const int32_t kTokens = kShare ? share_tokens : 1;  // a decode step's build keeps one token's code
   constexpr int kSteps = D / 16;    // k steps of Q K^T
