@@ -156,11 +156,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
                "l"(src));
 }
-// 16 bytes of shared memory from the first n (0..16) bytes at src, the rest zero.
-__device__ __forceinline__ void cp_async16_n(void* dst, const void* src, int n) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(n));
-}
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
                "l"(src));
@@ -222,9 +217,9 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
     const int64_t k0 = int64_t(kt) * kMmqKTile;
     const int kl = step_len(kt);
     const int seg = kl / U::kBlockElems * U::kBlockBytes;
-    // Weight rows: kRowThreads threads per row, its row address once per step; every 16-byte chunk
-    // that holds bytes of the segment by cp.async, the last one copying only the segment's bytes (a
-    // matrix's last row may end its allocation) and zero-filling the rest.
+    // Weight rows: kRowThreads threads per row, its row address once per step; whole 16-byte chunks
+    // by cp.async, of the last one only the segment's bytes (a matrix's last row may end its
+    // allocation): its whole 4-byte words by cp.async, a last 1-3 bytes by hand.
     {
       constexpr int kChunks = (Tile::kSegBytes + 15 + 15) / 16;
       constexpr int kRowThreads = kMmqThreads / BM;
@@ -236,8 +231,15 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
       uint8_t* dst = base + tr * Tile::kRowStride;
       const int end = head + seg;
 #pragma unroll
-      for (int c = threadIdx.x % kRowThreads; c < kChunks; c += kRowThreads)
-        if (16 * c < end) cp_async16_n(dst + 16 * c, aligned + 16 * c, min(16, end - 16 * c));
+      for (int c = threadIdx.x % kRowThreads; c < kChunks; c += kRowThreads) {
+        if (16 * c + 16 <= end) {
+          cp_async16(dst + 16 * c, aligned + 16 * c);
+        } else if (16 * c < end) {
+          const int n = end - 16 * c;
+          for (int b = 0; b + 4 <= n; b += 4) cp_async4(dst + 16 * c + b, aligned + 16 * c + b);
+          for (int b = n & ~3; b < n; ++b) dst[16 * c + b] = aligned[16 * c + b];
+        }
+      }
       if (threadIdx.x % kRowThreads == 0) heads[buf * BM + tr] = head;
     }
     // Activations: BN tokens x this step's (up to) 256 int8 and their scale.
