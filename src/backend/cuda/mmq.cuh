@@ -15,7 +15,8 @@
 // the min term M from one more mma (the mins broadcast over their group), so a row's block costs a
 // handful of float operations per output: d * S - dmin * M, then fma with the activation scale.
 //
-// Formats: Q8_0, Q5_K, Q4_K, Q3_K.
+// Formats: Q8_0, Q5_K, Q4_K, Q3_K. Q6_K and Q2_K (scale groups of 16, like Q3_K's) would convert
+// the same way but have no MmqFormat yet: they keep the decode kernels at every batch size.
 //
 // CPU twin: quant::quantize_activations_q8 + quant::dot_q8, as for the decode kernels.
 #pragma once
@@ -292,18 +293,22 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
     // k + 16 (lane / 16); B tokens wt0 + 8 (2 jp + lane / 16) + lane % 8 at k + 16 ((lane / 8) % 2).
     const int8_t* a_base = wtile + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kMmqTileStride + 16 * (lane >> 4);
     const int8_t* b_base = act + (wt0 + 8 * (lane >> 4) + (lane & 7)) * kMmqActStride + 16 * ((lane >> 3) & 1);
+    // The B fragments of the tile's tokens for weights 32 k32 .. 32 k32 + 31 (two n-tiles per ldmatrix).
+    auto load_b = [&](int k32, uint32_t (&b)[WN][2]) {
+#pragma unroll
+      for (int jp = 0; jp < WN / 2; ++jp) {
+        uint32_t r[4];
+        ldmatrix_x4(r, b_base + 16 * jp * kMmqActStride + 32 * k32);
+        b[2 * jp][0] = r[0], b[2 * jp][1] = r[1], b[2 * jp + 1][0] = r[2], b[2 * jp + 1][1] = r[3];
+      }
+    };
     float value[WM][WN][4];
     if constexpr (kQ8) {
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         if (q >= units) break;
         uint32_t b[WN][2];
-#pragma unroll
-        for (int jp = 0; jp < WN / 2; ++jp) {
-          uint32_t r[4];
-          ldmatrix_x4(r, b_base + 16 * jp * kMmqActStride + 32 * q);
-          b[2 * jp][0] = r[0], b[2 * jp][1] = r[1], b[2 * jp + 1][0] = r[2], b[2 * jp + 1][1] = r[3];
-        }
+        load_b(q, b);
 #pragma unroll
         for (int i = 0; i < WM; ++i) {
           uint32_t a[4];
@@ -333,12 +338,7 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
 #pragma unroll
       for (int k32 = 0; k32 < 8; ++k32) {
         uint32_t b[WN][2];
-#pragma unroll
-        for (int jp = 0; jp < WN / 2; ++jp) {
-          uint32_t r[4];
-          ldmatrix_x4(r, b_base + 16 * jp * kMmqActStride + 32 * k32);
-          b[2 * jp][0] = r[0], b[2 * jp][1] = r[1], b[2 * jp + 1][0] = r[2], b[2 * jp + 1][1] = r[3];
-        }
+        load_b(k32, b);
 #pragma unroll
         for (int i = 0; i < WM; ++i) {
           uint32_t a[4];
