@@ -125,11 +125,11 @@ struct MmqDenseParams {
 };
 
 // The dense tile: 64 rows x 64 tokens per block (each K step's staging and conversion serve twice
-// the products of a 32-token tile: S30 prefill 55.1 -> 52.0 ms), 64 x 32 for Q4_K and Q5_K, whose
-// 64-token tile spills 24-40 bytes of registers (12-16 at 32 tokens; not measured on the GPU yet).
+// the products of a 32-token tile: S30 prefill 55.1 -> 52.0 ms) for Q8_0; 64 x 32 for the
+// K-quants, whose 64-token tile needs more than 255 registers (Q3_K spilled 448 bytes).
 constexpr int kDenseWM = 2;
 template <DType T>
-constexpr int kDenseWN = T == DType::Q4_K || T == DType::Q5_K ? 2 : 4;
+constexpr int kDenseWN = T == DType::Q8_0 ? 4 : 2;
 
 template <DType T>
 __global__ void __launch_bounds__(kMmqThreads) mmq_dense_kernel(MmqDenseParams p) {
@@ -140,9 +140,9 @@ __global__ void __launch_bounds__(kMmqThreads) mmq_dense_kernel(MmqDenseParams p
   wait_for_previous_grid();  // the activations come from the rounding kernel
   mmq_tile<T, kDenseWM, kDenseWN<T>, true>(
       smem,
-      [&](int tr, int kt) {
+      [&](int tr) {
         const int64_t r = row0 + tr < p.rows ? row0 + tr : p.rows - 1;  // past the end: repeat a valid row
-        return p.weights + r * p.row_bytes + int64_t(kt) * Tile::kSegBytes;
+        return p.weights + r * p.row_bytes;
       },
       [&](int tt) { return t0 + tt < p.n ? t0 + tt : p.n - 1; }, p.acts, p.k_steps, p.chunk_steps, p.cols,
       [&](int, int tr, int tt, float v) {

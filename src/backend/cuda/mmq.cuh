@@ -183,7 +183,8 @@ struct MmqTile {
 };
 
 // Runs the K loop of one tile and emits each (tile row, tile token) result.
-//   row_src(tr, kt): global address of tile row tr's bytes for K step kt (every tr < BM valid).
+//   row_src(tr): global address of tile row tr's first byte (every tr < BM valid); its K step kt
+//   starts kt * kSegBytes later.
 //   tok_row(tt): the rounded-activation row of tile token tt (every tt < BN valid).
 //   k_steps: K steps of the row; chunk_steps: K steps per chunk (the GEMV's split; the chunks'
 //   chains are added in chunk order; kChunked false: one chunk); k_len: weights per row (the last
@@ -209,30 +210,37 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
   ScaleRecord* recs = reinterpret_cast<ScaleRecord*>(smem + 2 * Tile::kStageBytes + BM * kMmqTileStride);
   int* heads = reinterpret_cast<int*>(smem + 2 * Tile::kStageBytes + Tile::kConvertedBytes);
 
+  // Each thread stages the same weight row, token and scale at every K step: their addresses are
+  // taken once (the callers' row and token arithmetic stays out of the loop).
+  constexpr int kRowThreads = kMmqThreads / BM, kTokThreads = kMmqThreads / BN;
+  static_assert(kMmqThreads % BM == 0 && kMmqThreads % BN == 0, "whole threads per weight row and per token");
+  static_assert(BN <= kMmqThreads, "one thread per token's activation scale");
+  const int w_row = threadIdx.x / kRowThreads, w_part = threadIdx.x % kRowThreads;
+  const int a_tok = threadIdx.x / kTokThreads, a_part = threadIdx.x % kTokThreads;
+  const uint8_t* const w_src = row_src(w_row);
+  const int8_t* const a_src = acts.q + tok_row(a_tok) * acts.cols;
+  const float* const d_src = threadIdx.x < BN ? acts.d + tok_row(int(threadIdx.x)) * acts.d_stride : nullptr;
+
   auto step_len = [&](int kt) {
     const int64_t k0 = int64_t(kt) * kMmqKTile;
     return int(k_len - k0 < kMmqKTile ? k_len - k0 : kMmqKTile);
   };
   auto stage = [&](int kt, int buf) {
     uint8_t* base = smem + buf * Tile::kStageBytes;
-    const int64_t k0 = int64_t(kt) * kMmqKTile;
     const int kl = step_len(kt);
     const int seg = kl / U::kBlockElems * U::kBlockBytes;
-    // Weight rows: kRowThreads threads per row, its row address once per step; whole 16-byte chunks
-    // by cp.async, of the last one only the segment's bytes (a matrix's last row may end its
-    // allocation): its whole 4-byte words by cp.async, a last 1-3 bytes by hand.
+    // Weight rows: kRowThreads threads per row; whole 16-byte chunks by cp.async, of the last one
+    // only the segment's bytes (a matrix's last row may end its allocation): its whole 4-byte words
+    // by cp.async, a last 1-3 bytes by hand.
     {
       constexpr int kChunks = (Tile::kSegBytes + 15 + 15) / 16;
-      constexpr int kRowThreads = kMmqThreads / BM;
-      static_assert(kMmqThreads % BM == 0, "whole threads per weight row");
-      const int tr = threadIdx.x / kRowThreads;
-      const uint8_t* src = row_src(tr, kt);
+      const uint8_t* src = w_src + kt * Tile::kSegBytes;
       const int head = int(reinterpret_cast<uintptr_t>(src) & 15);
       const uint8_t* aligned = src - head;
-      uint8_t* dst = base + tr * Tile::kRowStride;
+      uint8_t* dst = base + w_row * Tile::kRowStride;
       const int end = head + seg;
 #pragma unroll
-      for (int c = threadIdx.x % kRowThreads; c < kChunks; c += kRowThreads) {
+      for (int c = w_part; c < kChunks; c += kRowThreads) {
         if (16 * c + 16 <= end) {
           cp_async16(dst + 16 * c, aligned + 16 * c);
         } else if (16 * c < end) {
@@ -241,20 +249,13 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
           for (int b = n & ~3; b < n; ++b) dst[16 * c + b] = aligned[16 * c + b];
         }
       }
-      if (threadIdx.x % kRowThreads == 0) heads[buf * BM + tr] = head;
+      if (w_part == 0) heads[buf * BM + w_row] = head;
     }
     // Activations: BN tokens x this step's (up to) 256 int8 and their scale.
     uint8_t* act = base + Tile::kWeightBytes;
-    {
-      constexpr int kTokThreads = kMmqThreads / BN;
-      static_assert(kMmqThreads % BN == 0, "whole threads per token");
-      const int tt = threadIdx.x / kTokThreads;
-      const int8_t* src = acts.q + tok_row(tt) * acts.cols + k0;
-      for (int c = threadIdx.x % kTokThreads; c < kl / 16; c += kTokThreads)
-        cp_async16(act + tt * kMmqActStride + 16 * c, src + 16 * c);
-    }
-    float* dx = reinterpret_cast<float*>(act + Tile::kActBytes);
-    for (int tt = threadIdx.x; tt < BN; tt += kMmqThreads) cp_async4(dx + tt, acts.d + tok_row(tt) * acts.d_stride + kt);
+    const int8_t* src = a_src + kt * kMmqKTile;
+    for (int c = a_part; c < kl / 16; c += kTokThreads) cp_async16(act + a_tok * kMmqActStride + 16 * c, src + 16 * c);
+    if (threadIdx.x < BN) cp_async4(reinterpret_cast<float*>(act + Tile::kActBytes) + threadIdx.x, d_src + kt);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
 
@@ -334,23 +335,38 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
         for (int j = 0; j < WN; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) S[i][j][e] = M[i][j][e] = 0;
-      // 32 weights per iteration: one k32 group, or two k16 groups (Q3_K).
+      // 32 weights per iteration: one k32 group, or two k16 groups (Q3_K). The rows' integer scales
+      // (and mins) are read a 4-byte word at a time, for 4 groups, and taken apart in registers.
+      uint32_t sc_word[WM][2], m_word[WM][2];
 #pragma unroll
       for (int k32 = 0; k32 < 8; ++k32) {
+        constexpr int kGroupsPerK32 = 32 / F::kGroupK;
+        if ((k32 * kGroupsPerK32) % 4 == 0) {
+          const int w = k32 * kGroupsPerK32 / 4;
+#pragma unroll
+          for (int i = 0; i < WM; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const ScaleRecord& r = recs[wr0 + 16 * i + g + 8 * h];
+              sc_word[i][h] = reinterpret_cast<const uint32_t*>(r.k.sc)[w];
+              if constexpr (U::kHasMin) m_word[i][h] = reinterpret_cast<const uint32_t*>(r.k.m)[w];
+            }
+        }
+        auto scale = [&](int i, int h, int group) {  // the signed 8-bit scale of a group of this word
+          return int32_t(int8_t(uint8_t(sc_word[i][h] >> (8 * (group % 4)))));
+        };
         uint32_t b[WN][2];
         load_b(k32, b);
 #pragma unroll
         for (int i = 0; i < WM; ++i) {
           uint32_t a[4];
           ldmatrix_x4(a, a_base + 16 * i * kMmqTileStride + 32 * k32);
-          const ScaleRecord& r0 = recs[wr0 + 16 * i + g];
-          const ScaleRecord& r1 = recs[wr0 + 16 * i + g + 8];
           if constexpr (F::kGroupK == 32) {
-            const int32_t sc0 = r0.k.sc[k32], sc1 = r1.k.sc[k32];
+            const int32_t sc0 = scale(i, 0, k32), sc1 = scale(i, 1, k32);
             uint32_t am[4];
-            if constexpr (U::kHasMin) {
-              am[0] = am[2] = uint32_t(r0.k.m[k32]) * 0x01010101u;
-              am[1] = am[3] = uint32_t(r1.k.m[k32]) * 0x01010101u;
+            if constexpr (U::kHasMin) {  // the group's min in all four bytes
+              am[0] = am[2] = __byte_perm(m_word[i][0], 0, 0x1111u * unsigned(k32 % 4));
+              am[1] = am[3] = __byte_perm(m_word[i][1], 0, 0x1111u * unsigned(k32 % 4));
             }
 #pragma unroll
             for (int j = 0; j < WN; ++j) {
@@ -362,8 +378,8 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
             }
           } else {
             // Q3_K: group 2 k32 is k = 32 k32 .. +15 (a[0], a[1]; b[.][0]), group 2 k32 + 1 the next 16.
-            const int32_t sa0 = r0.k.sc[2 * k32], sa1 = r1.k.sc[2 * k32];
-            const int32_t sb0 = r0.k.sc[2 * k32 + 1], sb1 = r1.k.sc[2 * k32 + 1];
+            const int32_t sa0 = scale(i, 0, 2 * k32), sa1 = scale(i, 1, 2 * k32);
+            const int32_t sb0 = scale(i, 0, 2 * k32 + 1), sb1 = scale(i, 1, 2 * k32 + 1);
 #pragma unroll
             for (int j = 0; j < WN; ++j) {
               int32_t c[4], c2[4];

@@ -57,13 +57,19 @@ struct PairGroups {
   int32_t* active;    // [E + 1] keys with pairs, ascending
   int32_t* start;     // [E + 2] first index in sorted of each key (start[E + 1] = pairs)
   int32_t* sorted;    // [pairs] pair indices, grouped by key
-  int32_t* tile_start;  // [E + 2] the tensor-core kernels' token tiles: active key a's first tile
+  int4* tiles;  // [mmq_tile_bound] the tensor-core kernels' token tiles, one per block row y:
+                // {key (-1: the invalid ids, -2: no tile), first index in sorted, pairs, tile of its key}
 };
 
 // The tensor-core path (mmq.cuh) of grouped calls: tiles of 32 expert rows (gate and up) or 64
 // rows (down) x 32 of an expert's pairs.
 constexpr int kMoeWN = 2;
 constexpr int kMoeTileTokens = 2 * kMoeWN * 8;
+// Token tiles a call of `pairs` pairs over `keys` keys can have: one per kMoeTileTokens pairs plus
+// one partial tile per key with pairs.
+__host__ __device__ constexpr int mmq_tile_bound(int pairs, int keys) {
+  return (pairs + kMoeTileTokens - 1) / kMoeTileTokens + (pairs < keys ? pairs : keys);
+}
 
 struct MoeParams {
   const ExpertWeights* table;
@@ -97,7 +103,7 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeParams p) {
   allow_next_grid();
   __shared__ int32_t count[kMaxExperts + 1];
   __shared__ int32_t cursor[kMaxExperts + 1];
-  __shared__ int32_t warp_total[kGroupThreads / 32];
+  __shared__ int32_t warp_total[kGroupThreads / 32], warp_tiles[kGroupThreads / 32];
   const int keys = p.n_experts + 1;
   for (int k = threadIdx.x; k < keys; k += kGroupThreads) count[k] = 0;
   __syncthreads();
@@ -106,37 +112,44 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeParams p) {
     atomicAdd(&count[key < 0 ? p.n_experts : key], 1);
   }
   __syncthreads();
-  // Exclusive scan of count over keys: each thread a contiguous run of keys, then the runs' totals.
+  // Exclusive scans over keys of count and of token tiles (of the tensor-core kernels): each
+  // thread a contiguous run of keys, then the runs' totals.
+  auto tiles_of = [](int c) { return (c + kMoeTileTokens - 1) / kMoeTileTokens; };
   const int per = (keys + kGroupThreads - 1) / kGroupThreads;
   const int k0 = threadIdx.x * per, k1 = min(keys, k0 + per);
-  int run = 0;
-  for (int k = k0; k < k1; ++k) run += count[k];
+  int run = 0, run_tiles = 0;
+  for (int k = k0; k < k1; ++k) run += count[k], run_tiles += tiles_of(count[k]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int incl = run;
+  int incl = run, incl_tiles = run_tiles;
   for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
+    const int v = __shfl_up_sync(0xffffffffu, incl, o), vt = __shfl_up_sync(0xffffffffu, incl_tiles, o);
+    if (lane >= o) incl += v, incl_tiles += vt;
   }
-  if (lane == 31) warp_total[warp] = incl;
+  if (lane == 31) warp_total[warp] = incl, warp_tiles[warp] = incl_tiles;
   __syncthreads();
-  int base = incl - run;
-  for (int w = 0; w < warp; ++w) base += warp_total[w];
+  int base = incl - run, tile = incl_tiles - run_tiles, all_tiles = 0;
+  for (int w = 0; w < kGroupThreads / 32; ++w) {
+    if (w < warp) base += warp_total[w], tile += warp_tiles[w];
+    all_tiles += warp_tiles[w];
+  }
   for (int k = k0; k < k1; ++k) {
     cursor[k] = base;
     p.groups.start[k] = base;
+    // Each token tile's record, so that a tensor-core block finds its tile in one load.
+    for (int t = 0; t < tiles_of(count[k]); ++t)
+      p.groups.tiles[tile + t] = make_int4(k == p.n_experts ? -1 : k, base + t * kMoeTileTokens,
+                                           min(kMoeTileTokens, count[k] - t * kMoeTileTokens), t);
+    tile += tiles_of(count[k]);
     base += count[k];
   }
+  for (int y = all_tiles + threadIdx.x; y < mmq_tile_bound(p.pairs, keys); y += kGroupThreads)
+    p.groups.tiles[y] = make_int4(-2, 0, 0, 0);
   if (threadIdx.x == 0) p.groups.start[keys] = p.pairs;
   __syncthreads();
   if (threadIdx.x == 0) {
-    int a = 0, tiles = 0;
+    int a = 0;
     for (int k = 0; k < keys; ++k)
-      if (count[k] > 0) {
-        p.groups.tile_start[a] = tiles;
-        tiles += (count[k] + kMoeTileTokens - 1) / kMoeTileTokens;
-        p.groups.active[a++] = k;
-      }
-    p.groups.tile_start[a] = tiles;
+      if (count[k] > 0) p.groups.active[a++] = k;
     *p.groups.n_active = a;
   }
   for (int q = threadIdx.x; q < p.pairs; q += kGroupThreads) {
@@ -392,33 +405,15 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
 }
 
 // Block y of a tensor-core kernel: its expert key (-1: invalid ids), which of the key's token
-// tiles, and that tile's pairs in `list` (kMoeTileTokens, the tail repeating the first). Returns
-// the tile's pair count (0: no tile for this block).
-__device__ int mmq_tile_pairs(const MoeParams& p, int y, int* list, int* shared, int* key_out, int* tile_out) {
-  if (threadIdx.x == 0) {
-    const int n_active = *p.groups.n_active;
-    int m = 0, key = -1, tile = 0;
-    if (y < p.groups.tile_start[n_active]) {
-      int lo = 0, hi = n_active - 1;  // the last a with tile_start[a] <= y
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (p.groups.tile_start[mid] <= y) lo = mid;
-        else hi = mid - 1;
-      }
-      const int k = p.groups.active[lo];
-      tile = y - p.groups.tile_start[lo];
-      m = min(kMoeTileTokens, p.groups.start[k + 1] - p.groups.start[k] - tile * kMoeTileTokens);
-      key = k == p.n_experts ? -1 : k;
-      shared[1] = p.groups.start[k] + tile * kMoeTileTokens;
-    }
-    shared[0] = m;
-    *key_out = key;
-    *tile_out = tile;
-  }
-  __syncthreads();
-  const int m = shared[0];
-  if (m > 0)
-    for (int i = threadIdx.x; i < kMoeTileTokens; i += blockDim.x) list[i] = p.groups.sorted[shared[1] + (i < m ? i : 0)];
+// tiles, and that tile's pairs in `list` (kMoeTileTokens, the tail repeating the first), from the
+// tile's record (moe_group_kernel). Returns the tile's pair count (0: no tile for this block).
+__device__ int mmq_tile_pairs(const MoeParams& p, int y, int* list, int* key_out, int* tile_out) {
+  const int4 r = p.groups.tiles[y];  // every thread: one broadcast load
+  const int m = r.x == -2 ? 0 : r.z;
+  *key_out = r.x;
+  *tile_out = r.w;
+  if (m == 0) return 0;
+  for (int i = threadIdx.x; i < kMoeTileTokens; i += blockDim.x) list[i] = p.groups.sorted[r.y + (i < m ? i : 0)];
   __syncthreads();
   return m;
 }
@@ -427,10 +422,11 @@ template <DType T>
 __global__ void __launch_bounds__(kMmqThreads) moe_mmq_gate_up_kernel(MoeParams p) {
   using Tile = MmqTile<T, 2, kMoeWN>;  // per warp: m-tile 0 its 16 gate rows, m-tile 1 the same up rows
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int list[kMoeTileTokens], shared[2], key, tile;
+  __shared__ int list[kMoeTileTokens];
   allow_next_grid();
   wait_for_previous_grid();  // the groups and the rounded activations
-  const int m = mmq_tile_pairs(p, blockIdx.y, list, shared, &key, &tile);
+  int key, tile;
+  const int m = mmq_tile_pairs(p, blockIdx.y, list, &key, &tile);
   if (m == 0 || key < 0) return;
   if (blockIdx.x == 0 && tile == 0 && threadIdx.x == 0) {
     const int count = p.groups.start[key + 1] - p.groups.start[key];
@@ -444,10 +440,10 @@ __global__ void __launch_bounds__(kMmqThreads) moe_mmq_gate_up_kernel(MoeParams 
   float gate = 0.0f;
   mmq_tile<T, 2, kMoeWN, false>(
       smem,
-      [&](int tr, int kt) {
+      [&](int tr) {
         const int64_t r = expert_row(tr) < p.width ? expert_row(tr) : p.width - 1;
         const uint8_t* base = static_cast<const uint8_t*>((tr / 16) % 2 ? e.up : e.gate);
-        return base + r * rb + int64_t(kt) * Tile::kSegBytes;
+        return base + r * rb;
       },
       [&](int tt) { return int64_t(list[tt] / p.top_k); }, p.x_rounded, int(p.hidden / kMmqKTile),
       int(p.hidden / kMmqKTile), p.hidden,
@@ -465,10 +461,11 @@ template <DType T>
 __global__ void __launch_bounds__(kMmqThreads) moe_mmq_down_kernel(MoeParams p) {
   using Tile = MmqTile<T, 2, kMoeWN>;
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int list[kMoeTileTokens], shared[2], key, tile;
+  __shared__ int list[kMoeTileTokens];
   allow_next_grid();
   wait_for_previous_grid();  // the rounded act rows
-  const int m = mmq_tile_pairs(p, blockIdx.y, list, shared, &key, &tile);
+  int key, tile;
+  const int m = mmq_tile_pairs(p, blockIdx.y, list, &key, &tile);
   if (m == 0) return;
   const int64_t row0 = int64_t(blockIdx.x) * Tile::BM;
   if (key < 0) {  // pairs with no valid expert contribute zero rows
@@ -483,9 +480,9 @@ __global__ void __launch_bounds__(kMmqThreads) moe_mmq_down_kernel(MoeParams p) 
   const int k_steps = int(p.width / kMmqKTile);
   mmq_tile<T, 2, kMoeWN, false>(
       smem,
-      [&](int tr, int kt) {
+      [&](int tr) {
         const int64_t r = row0 + tr < p.hidden ? row0 + tr : p.hidden - 1;
-        return down + r * rb + int64_t(kt) * Tile::kSegBytes;
+        return down + r * rb;
       },
       [&](int tt) { return int64_t(list[tt]); }, p.act_rounded, k_steps, k_steps, p.width,
       [&](int, int tr, int tt, float v) {
@@ -524,7 +521,7 @@ bool use_mmq(const MoeShape& s, DType t, int64_t n) {
 int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
 
 struct WorkspaceLayout {
-  int64_t act = 0, partial = 0, groups = 0, x_rounded = 0, act_rounded = 0, counters = 0, bytes = 0;
+  int64_t act = 0, partial = 0, groups = 0, tiles = 0, x_rounded = 0, act_rounded = 0, counters = 0, bytes = 0;
 };
 WorkspaceLayout workspace_layout(const MoePlan& plan) {
   const int64_t pairs = plan.max_tokens * plan.shape.top_k;
@@ -533,7 +530,8 @@ WorkspaceLayout workspace_layout(const MoePlan& plan) {
   w.act = 0;
   w.partial = align16(pairs * plan.shape.width * 4);
   w.groups = w.partial + align16(pairs * plan.shape.hidden * 4);
-  w.x_rounded = w.groups + align16((1 + keys + keys + 1 + pairs + keys + 1) * 4);
+  w.tiles = w.groups + align16((1 + keys + keys + 1 + pairs) * 4);
+  w.x_rounded = w.tiles + int64_t(mmq_tile_bound(int(pairs), int(keys))) * 16;
   w.act_rounded = w.x_rounded + align16(rounded_rows_bytes(plan.max_tokens, plan.shape.hidden));
   w.counters = w.act_rounded + align16(rounded_rows_bytes(pairs, plan.shape.width));
   w.bytes = w.counters + align16((plan.shape.hidden + kDownRows - 1) / kDownRows * 4);
@@ -633,14 +631,13 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
                 .active = g + 1,
                 .start = g + 1 + keys,
                 .sorted = g + 1 + keys + keys + 1,
-                .tile_start = g + 1 + keys + keys + 1 + p.pairs};
+                .tiles = reinterpret_cast<int4*>(ws + w.tiles)};
   }
   p.x_rounded = rounded_rows_at(ws + w.x_rounded, a.n, s.hidden);
   p.act_rounded = rounded_rows_at(ws + w.act_rounded, p.pairs, s.width);
   const bool mmq_gate_up = use_mmq(s, s.gate_up_type, a.n), mmq_down = use_mmq(s, s.down_type, a.n);
   // Token tiles of the tensor-core kernels: at most one per 32 pairs plus one per active key.
-  const unsigned mmq_tiles =
-      unsigned((p.pairs + kMoeTileTokens - 1) / kMoeTileTokens + std::min<int64_t>(p.pairs, s.n_experts + 1));
+  const unsigned mmq_tiles = unsigned(mmq_tile_bound(p.pairs, s.n_experts + 1));
   // Blocks per row tile: one per pair when each block gathers, one per active key when grouped.
   const unsigned group_blocks = unsigned(p.grouped ? std::min<int64_t>(p.pairs, s.n_experts + 1) : p.pairs);
   if (p.grouped)
