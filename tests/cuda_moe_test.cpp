@@ -252,15 +252,20 @@ TEST(CudaMoe, OutOfRangeIdsContributeNothing) {
   SPILL_SKIP_WITHOUT_GPU();
   const MoeCase c{256, 256, 4, 2, DType::Q4_K, DType::Q4_K};
   const Experts ex(c, 41);
-  Routing r = random_routing(c, 3, 4, 42);
-  r.ids[1] = -1;
-  r.ids[4] = 4;  // == n_experts
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
-  const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, 3, 3);
-  const std::vector<float> want = run_twin(c, ex.host, r, 3);
-  const auto bound = error_bound(c, ex, r, 3);
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << i;
+  // 3 tokens: the decode kernels; 40: the grouped tensor-core path, where the invalid ids form a
+  // token tile of their own.
+  for (int64_t n : {3, 40}) {
+    Routing r = random_routing(c, n, 4, 42 + n);
+    r.ids[1] = -1;
+    r.ids[4] = 4;  // == n_experts
+    if (n > 3) r.ids[37] = -7, r.ids[60] = 1 << 30;
+    const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, n, n);
+    const std::vector<float> want = run_twin(c, ex.host, r, n);
+    const auto bound = error_bound(c, ex, r, n);
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << "n " << n << " " << i;
+  }
 }
 
 TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {

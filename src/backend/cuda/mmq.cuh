@@ -220,6 +220,9 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
   const uint8_t* const w_src = row_src(w_row);
   const int8_t* const a_src = acts.q + tok_row(a_tok) * acts.cols;
   const float* const d_src = threadIdx.x < BN ? acts.d + tok_row(int(threadIdx.x)) * acts.d_stride : nullptr;
+  // Whether every K step of this thread's row is whole 16-byte chunks.
+  constexpr bool kAlignedSegs = Tile::kSegBytes % 16 == 0;
+  const bool rows_aligned = (reinterpret_cast<uintptr_t>(w_src) & 15) == 0;
 
   auto step_len = [&](int kt) {
     const int64_t k0 = int64_t(kt) * kMmqKTile;
@@ -229,15 +232,25 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
     uint8_t* base = smem + buf * Tile::kStageBytes;
     const int kl = step_len(kt);
     const int seg = kl / U::kBlockElems * U::kBlockBytes;
-    // Weight rows: kRowThreads threads per row; whole 16-byte chunks by cp.async, of the last one
-    // only the segment's bytes (a matrix's last row may end its allocation): its whole 4-byte words
-    // by cp.async, a last 1-3 bytes by hand.
-    {
+    // Weight rows: kRowThreads threads per row. A whole step of 16-byte aligned segments (every
+    // step of a K-quant or Q8_0 row that starts on 16 bytes) is whole 16-byte chunks; otherwise the
+    // row's segment may start anywhere in its first chunk and end inside its last, of which only
+    // the segment's bytes are copied (a matrix's last row may end its allocation): its whole 4-byte
+    // words by cp.async, a last 1-3 bytes by hand.
+    uint8_t* dst = base + w_row * Tile::kRowStride;
+    const uint8_t* src = w_src + kt * Tile::kSegBytes;
+    if (kAlignedSegs && rows_aligned && kl == kMmqKTile) {
+      constexpr int kFull = Tile::kSegBytes / 16;
+#pragma unroll
+      for (int i = 0; i < (kFull + kRowThreads - 1) / kRowThreads; ++i) {
+        const int c = w_part + i * kRowThreads;
+        if (c < kFull) cp_async16(dst + 16 * c, src + 16 * c);
+      }
+      if (w_part == 0) heads[buf * BM + w_row] = 0;
+    } else {
       constexpr int kChunks = (Tile::kSegBytes + 15 + 15) / 16;
-      const uint8_t* src = w_src + kt * Tile::kSegBytes;
       const int head = int(reinterpret_cast<uintptr_t>(src) & 15);
       const uint8_t* aligned = src - head;
-      uint8_t* dst = base + w_row * Tile::kRowStride;
       const int end = head + seg;
 #pragma unroll
       for (int c = w_part; c < kChunks; c += kRowThreads) {
@@ -253,8 +266,16 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
     }
     // Activations: BN tokens x this step's (up to) 256 int8 and their scale.
     uint8_t* act = base + Tile::kWeightBytes;
-    const int8_t* src = a_src + kt * kMmqKTile;
-    for (int c = a_part; c < kl / 16; c += kTokThreads) cp_async16(act + a_tok * kMmqActStride + 16 * c, src + 16 * c);
+    const int8_t* a_step = a_src + kt * kMmqKTile;
+    if (kl == kMmqKTile) {
+#pragma unroll
+      for (int i = 0; i < kMmqKTile / 16 / kTokThreads; ++i) {
+        const int c = a_part + i * kTokThreads;
+        cp_async16(act + a_tok * kMmqActStride + 16 * c, a_step + 16 * c);
+      }
+    } else {
+      for (int c = a_part; c < kl / 16; c += kTokThreads) cp_async16(act + a_tok * kMmqActStride + 16 * c, a_step + 16 * c);
+    }
     if (threadIdx.x < BN) cp_async4(reinterpret_cast<float*>(act + Tile::kActBytes) + threadIdx.x, d_src + kt);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
