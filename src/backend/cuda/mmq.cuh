@@ -223,6 +223,7 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
   // Whether every K step of this thread's row is whole 16-byte chunks.
   constexpr bool kAlignedSegs = Tile::kSegBytes % 16 == 0;
   const bool rows_aligned = (reinterpret_cast<uintptr_t>(w_src) & 15) == 0;
+  const bool all_aligned = kAlignedSegs && __syncthreads_and(rows_aligned);  // every head 0
 
   auto step_len = [&](int kt) {
     const int64_t k0 = int64_t(kt) * kMmqKTile;
@@ -303,11 +304,23 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
     const float* dx = reinterpret_cast<const float*>(act + Tile::kActBytes);
     const int kl = step_len(kt);
     const int units = kQ8 ? kl / 32 : F::kUnits;
-    // Convert the step's weights: every (row, unit) once for the whole block.
-    for (int i = threadIdx.x; i < BM * F::kUnits; i += kMmqThreads) {
+    // Convert the step's weights: every (row, unit) once for the whole block, a thread's units
+    // loaded together (but Q3_K's one by one: together they take the MoE tiles from 153 registers
+    // to 189, which leaves two blocks per SM instead of three).
+    constexpr int kConverts = BM * F::kUnits / kMmqThreads;
+    static_assert(BM * F::kUnits % kMmqThreads == 0, "whole units per thread");
+    auto convert = [&](int c) {
+      const int i = int(threadIdx.x) + c * kMmqThreads;
       const int tr = i / F::kUnits, u = i % F::kUnits;
-      if (u < units)
-        F::convert(raw + tr * Tile::kRowStride + heads[buf * BM + tr], u, wtile + tr * kMmqTileStride, recs + tr);
+      const int head = all_aligned ? 0 : heads[buf * BM + tr];
+      if (u < units) F::convert(raw + tr * Tile::kRowStride + head, u, wtile + tr * kMmqTileStride, recs + tr);
+    };
+    if constexpr (T == DType::Q3_K) {
+#pragma unroll 1
+      for (int c = 0; c < kConverts; ++c) convert(c);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kConverts; ++c) convert(c);
     }
     __syncthreads();
 

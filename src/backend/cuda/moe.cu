@@ -80,7 +80,8 @@ struct MoeParams {
   const float* weights;
   float* out;
   float* act;       // [pairs][width]: silu(gate x) * up x per (token, slot)
-  float* partial;   // [pairs][hidden]: weight * down(act) per (token, slot)
+  float* partial;   // [pairs][hidden]: weight * down(act) per (token, slot); the tensor-core path
+                    // leaves the weight to moe_combine_kernel
   int32_t* counters;  // [hidden tiles]
   uint32_t* routings;  // [n_experts] or null: += pairs routed to each expert
   uint32_t* touches;   // [n_experts] or null: += 1 for each expert with a pair
@@ -487,14 +488,14 @@ __global__ void __launch_bounds__(kMmqThreads) moe_mmq_down_kernel(MoeParams p) 
       [&](int tt) { return int64_t(list[tt]); }, p.act_rounded, k_steps, k_steps, p.width,
       [&](int, int tr, int tt, float v) {
         const int64_t row = row0 + tr;
-        if (row < p.hidden && tt < m) {
-          const int pair = list[tt];
-          p.partial[int64_t(pair) * p.hidden + row] = __fmul_rn(p.weights[pair], v);
-        }
+        if (row < p.hidden && tt < m) p.partial[int64_t(list[tt]) * p.hidden + row] = v;
       });
 }
 
-// out[t] = the sum of token t's partial rows in slot order (the down kernel's last-block sum).
+// out[t] = the sum of token t's partial rows times their routing weights, in slot order: the
+// products and the sum the decode kernels' down blocks make (a pair with an invalid id adds the
+// zero its tile wrote). The weights are applied here rather than in the tensor-core kernel's
+// epilogue, where each waited on a global load.
 __global__ void moe_combine_kernel(MoeParams p) {
   allow_next_grid();
   wait_for_previous_grid();
@@ -503,8 +504,13 @@ __global__ void moe_combine_kernel(MoeParams p) {
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / p.hidden, row = i % p.hidden;
     const float* part = p.partial + t * p.top_k * p.hidden + row;
-    float s = part[0];
-    for (int j = 1; j < p.top_k; ++j) s = __fadd_rn(s, part[int64_t(j) * p.hidden]);
+    auto term = [&](int j) {
+      const int64_t pair = t * p.top_k + j;
+      const float v = part[int64_t(j) * p.hidden];
+      return expert_key(p.ids[pair], p.n_experts) < 0 ? v : __fmul_rn(p.weights[pair], v);
+    };
+    float s = term(0);
+    for (int j = 1; j < p.top_k; ++j) s = __fadd_rn(s, term(j));
     p.out[i] = s;
   }
 }
