@@ -500,18 +500,35 @@ __global__ void moe_combine_kernel(MoeParams p) {
   allow_next_grid();
   wait_for_previous_grid();
   const int n = p.pairs / p.top_k;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < int64_t(n) * p.hidden;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / p.hidden, row = i % p.hidden;
-    const float* part = p.partial + t * p.top_k * p.hidden + row;
-    auto term = [&](int j) {
-      const int64_t pair = t * p.top_k + j;
-      const float v = part[int64_t(j) * p.hidden];
-      return expert_key(p.ids[pair], p.n_experts) < 0 ? v : __fmul_rn(p.weights[pair], v);
-    };
-    float s = term(0);
-    for (int j = 1; j < p.top_k; ++j) s = __fadd_rn(s, term(j));
-    p.out[i] = s;
+  // Four rows per thread in 16-byte words where the rows allow it (the same sums per element); a
+  // token per blockIdx.y, so no division per element.
+  const bool vec = p.hidden % 4 == 0 && ((reinterpret_cast<uintptr_t>(p.out) | reinterpret_cast<uintptr_t>(p.partial)) & 15) == 0;
+  const int64_t words = vec ? p.hidden / 4 : p.hidden;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    const float* part = p.partial + t * p.top_k * p.hidden;
+    for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < words; c += int64_t(gridDim.x) * blockDim.x) {
+      auto weighted = [&](int j, float v) {
+        const int64_t pair = t * p.top_k + j;
+        return expert_key(p.ids[pair], p.n_experts) < 0 ? v : __fmul_rn(p.weights[pair], v);
+      };
+      if (vec) {
+        auto term = [&](int j) {
+          float4 v = *reinterpret_cast<const float4*>(part + int64_t(j) * p.hidden + 4 * c);
+          v.x = weighted(j, v.x), v.y = weighted(j, v.y), v.z = weighted(j, v.z), v.w = weighted(j, v.w);
+          return v;
+        };
+        float4 s = term(0);
+        for (int j = 1; j < p.top_k; ++j) {
+          const float4 v = term(j);
+          s.x = __fadd_rn(s.x, v.x), s.y = __fadd_rn(s.y, v.y), s.z = __fadd_rn(s.z, v.z), s.w = __fadd_rn(s.w, v.w);
+        }
+        *reinterpret_cast<float4*>(p.out + t * p.hidden + 4 * c) = s;
+      } else {
+        float s = weighted(0, part[c]);
+        for (int j = 1; j < p.top_k; ++j) s = __fadd_rn(s, weighted(j, part[int64_t(j) * p.hidden + c]));
+        p.out[t * p.hidden + c] = s;
+      }
+    }
   }
 }
 
@@ -689,9 +706,10 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
         const dim3 grid(unsigned((s.hidden + Tile::BM - 1) / Tile::BM), mmq_tiles);
         check(launch_overlapped(moe_mmq_down_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
               "launching the MoE tensor-core down kernel");
-        const int64_t total = a.n * s.hidden;
-        check(launch_overlapped(moe_combine_kernel, dim3(unsigned(std::min<int64_t>((total + 255) / 256, 1024))),
-                                dim3(256), 0, stream, p),
+        const int64_t words = s.hidden % 4 == 0 ? s.hidden / 4 : s.hidden;
+        const dim3 combine_grid(unsigned(std::min<int64_t>((words + 255) / 256, 64)),
+                                unsigned(std::min<int64_t>(a.n, 16384)));
+        check(launch_overlapped(moe_combine_kernel, combine_grid, dim3(256), 0, stream, p),
               "launching the MoE combine kernel");
         return;
       }
