@@ -1056,28 +1056,93 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
   }
 }
 
-// Merges the partitions of every (token, head) that has more than one, in partition order.
-__global__ void attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
+// Merges the partitions of every (token, head) that has more than one, in partition order: a warp
+// per (token, head), kMergeWarps of them per block. At batch 1 the merge is a few KB and pure latency,
+// so every load a lane needs for the first kMergePrefetch partitions (m, l and its kPerLane values of
+// each) is issued at once, before any arithmetic: one memory round trip for contexts of up to
+// kMergePrefetch partitions. Per output the operations are those of the reference, in the same order:
+// M the max of the m's, factor_p = expf(m_p - M), L = sum_p l_p * factor_p, o = sum_p v_p * factor_p
+// (fma, ascending p), o / L.
+constexpr int kMergeWarps = 4;
+constexpr int kMergePrefetch = 8;
+static_assert(kMaxAttentionPartitions <= 64, "the merge keeps two partitions' m and l per lane");
+template <int kPerLane>  // head_dim <= 32 * kPerLane
+__global__ void __launch_bounds__(32 * kMergeWarps) attention_merge_kernel(AttentionArgs a, int32_t n_parts_grid) {
   overlap_prologue();
-  const int64_t th = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int64_t th = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
+  if (th >= int64_t(a.n) * a.n_heads) return;
   const int64_t t = th / a.n_heads, h = th % a.n_heads;
   const int32_t n_parts = attention_split(a.positions[t] + 1).parts;
   if (n_parts <= 1) return;
-  const int64_t D = a.head_dim;
-  const float* ws = a.workspace + th * n_parts_grid * (D + 2);
-  // Each partition's factor once (the same for all D outputs).
-  __shared__ float factor[kMaxAttentionPartitions];
-  float M = ws[0];
-  for (int p = 1; p < n_parts; ++p) M = fmaxf(M, ws[p * (D + 2)]);
-  for (int p = threadIdx.x; p < n_parts; p += blockDim.x) factor[p] = expf(__fsub_rn(ws[p * (D + 2)], M));
-  __syncthreads();
-  float L = 0.0f;
-  for (int p = 0; p < n_parts; ++p) L = __fadd_rn(L, __fmul_rn(ws[p * (D + 2) + 1], factor[p]));
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float o = 0.0f;
-    for (int p = 0; p < n_parts; ++p) o = __fmaf_rn(ws[p * (D + 2) + 2 + d], factor[p], o);
-    a.out[t * a.n_heads * D + h * D + d] = __fdiv_rn(o, L);
+  const int D = int(a.head_dim);
+  const int stride = D + 2;
+  const float* ws = a.workspace + th * n_parts_grid * stride;
+  float m0 = -INFINITY, l0 = 0.0f, m1 = -INFINITY, l1 = 0.0f;  // partitions lane and lane + 32
+  if (lane < n_parts) {
+    m0 = ws[lane * stride];
+    l0 = ws[lane * stride + 1];
   }
+  if (lane + 32 < n_parts) {
+    m1 = ws[(lane + 32) * stride];
+    l1 = ws[(lane + 32) * stride + 1];
+  }
+  float v[kMergePrefetch][kPerLane];
+#pragma unroll
+  for (int p = 0; p < kMergePrefetch; ++p)
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + 32 * j;
+      v[p][j] = p < n_parts && d < D ? ws[p * stride + 2 + d] : 0.0f;
+    }
+  const float M = warp_max_f(fmaxf(m0, m1));
+  const float f0 = lane < n_parts ? expf(__fsub_rn(m0, M)) : 0.0f;
+  const float f1 = lane + 32 < n_parts ? expf(__fsub_rn(m1, M)) : 0.0f;
+  const float w0 = __fmul_rn(l0, f0), w1 = __fmul_rn(l1, f1);
+  float L = 0.0f;
+  for (int p = 0; p < n_parts; ++p) L = __fadd_rn(L, __shfl_sync(0xffffffffu, p < 32 ? w0 : w1, p & 31));
+  float o[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) o[j] = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kMergePrefetch; ++p) {
+    const float f = __shfl_sync(0xffffffffu, f0, p);
+    if (p < n_parts)
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) o[j] = __fmaf_rn(v[p][j], f, o[j]);
+  }
+  for (int p0 = kMergePrefetch; p0 < n_parts; p0 += kMergePrefetch) {
+#pragma unroll
+    for (int p = p0; p < p0 + kMergePrefetch; ++p)
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int d = lane + 32 * j;
+        v[p - p0][j] = p < n_parts && d < D ? ws[p * stride + 2 + d] : 0.0f;
+      }
+#pragma unroll
+    for (int p = p0; p < p0 + kMergePrefetch; ++p) {
+      const float f = __shfl_sync(0xffffffffu, p < 32 ? f0 : f1, p & 31);
+      if (p < n_parts)
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) o[j] = __fmaf_rn(v[p - p0][j], f, o[j]);
+    }
+  }
+  float* out = a.out + t * a.n_heads * D + h * D;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < D) out[lane + 32 * j] = __fdiv_rn(o[j], L);
+}
+
+// The merge for this head size (after an attention kernel that wrote partitions).
+void launch_attention_merge(const AttentionArgs& a, int32_t parts, cudaStream_t stream) {
+  const dim3 grid(grid_dim((int64_t(a.n) * a.n_heads + kMergeWarps - 1) / kMergeWarps, "attention merge"));
+  const dim3 block(32 * kMergeWarps);
+  if (a.head_dim <= 64)
+    launch("launching the attention merge kernel", attention_merge_kernel<2>, grid, block, 0, stream, a, parts);
+  else if (a.head_dim <= 128)
+    launch("launching the attention merge kernel", attention_merge_kernel<4>, grid, block, 0, stream, a, parts);
+  else
+    launch("launching the attention merge kernel", attention_merge_kernel<8>, grid, block, 0, stream, a, parts);
 }
 
 // ---- router ----------------------------------------------------------------------------------------
@@ -1621,7 +1686,6 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   const int32_t parts = std::max(grid_partitions(a.max_positions), a.min_grid_parts);
   if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
-  const dim3 merge_grid(grid_dim(a.n * a.n_heads, "attention"));
   if (const int heads = attention_mma_heads(a); heads > 0) {
     // A prompt's consecutive tokens fill the m16 tiles together (16 / heads of them) once a step has
     // enough tokens to be mostly prompt; a decode batch keeps a block per token (more blocks, and
@@ -1637,8 +1701,7 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
     };
     if (a.head_dim == 64) go(tokens > 1 ? attention_mma_kernel<64, true> : attention_mma_kernel<64, false>, 64);
     else go(tokens > 1 ? attention_mma_kernel<128, true> : attention_mma_kernel<128, false>, 128);
-    if (parts > 1)
-      launch("launching the attention merge kernel", attention_merge_kernel, merge_grid, dim3(kBlock), 0, stream, a, parts);
+    if (parts > 1) launch_attention_merge(a, parts, stream);
     return;
   }
   // Heads per block: the largest of 8, 4, 2, 1 that divides the GQA group, lowered while the grid
@@ -1675,9 +1738,7 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.kv_type == DType::F32) by_heads(float{});
   else if (a.kv_type == DType::BF16) by_heads(__nv_bfloat16{});
   else throw_error("KV cache type " + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
-  if (parts > 1) {
-    launch("launching the attention merge kernel", attention_merge_kernel, merge_grid, dim3(kBlock), 0, stream, a, parts);
-  }
+  if (parts > 1) launch_attention_merge(a, parts, stream);
 }
 
 void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
