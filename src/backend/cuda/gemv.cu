@@ -93,9 +93,12 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
 
 // Rounds x [n, cols] to int8 per block of 256 (quantize_activations_q8, round_rows below): one
 // block of kWarps warps per (token, up to kWarps blocks of 256), through the same device routine
-// the GEMV and MoE kernels run on their shared memory.
+// the GEMV and MoE kernels run on their shared memory. Launched overlapped: its blocks are resident
+// and waiting when the previous kernel ends, and the GEMM after it may start the same way.
 template <class XT>
 __global__ void __launch_bounds__(kWarps * 32) round_rows_kernel(const XT* x, int64_t cols, int8_t* q, float* d) {
+  wait_for_previous_grid();
+  allow_next_grid();
   const int64_t t = blockIdx.y;
   const int64_t k0 = int64_t(blockIdx.x) * kWarps * kActBlock;
   const int k_len = int(cols - k0 < int64_t(kWarps) * kActBlock ? cols - k0 : int64_t(kWarps) * kActBlock);
@@ -334,8 +337,8 @@ void quantize_activations_q8(const float* x, int64_t n, int64_t cols, int8_t* q,
   if (reinterpret_cast<uintptr_t>(x) & 15) throw_error("activations to round must be 16-byte aligned");
   const int64_t per_block = int64_t(kWarps) * kActBlock;
   const dim3 grid(unsigned((cols + per_block - 1) / per_block), unsigned(n));
-  round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(x, cols, q, d);
-  check(cudaGetLastError(), "launching the activation rounding kernel");
+  check(launch_overlapped(round_rows_kernel<float>, grid, dim3(kWarps * 32), 0, stream, x, cols, q, d),
+        "launching the activation rounding kernel");
 }
 
 void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, cudaStream_t stream) {
@@ -347,10 +350,12 @@ void round_rows(const void* x, bool x_bf16, int64_t n, int64_t cols, void* out, 
   const dim3 grid(unsigned((cols + per_block - 1) / per_block), unsigned(n));
   int8_t* q = const_cast<int8_t*>(r.q);
   float* d = const_cast<float*>(r.d);
-  if (x_bf16)
-    round_rows_kernel<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), cols, q, d);
-  else round_rows_kernel<float><<<grid, kWarps * 32, 0, stream>>>(static_cast<const float*>(x), cols, q, d);
-  check(cudaGetLastError(), "launching the activation rounding kernel");
+  const cudaError_t e =
+      x_bf16 ? launch_overlapped(round_rows_kernel<__nv_bfloat16>, grid, dim3(kWarps * 32), 0, stream,
+                                 static_cast<const __nv_bfloat16*>(x), cols, q, d)
+             : launch_overlapped(round_rows_kernel<float>, grid, dim3(kWarps * 32), 0, stream, static_cast<const float*>(x),
+                                 cols, q, d);
+  check(e, "launching the activation rounding kernel");
 }
 
 }  // namespace spill::cuda
