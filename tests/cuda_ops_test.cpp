@@ -16,6 +16,7 @@
 #if SPILL_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
 #include "backend/cuda/ops.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -170,6 +172,46 @@ TEST(CudaOps, RmsNormWithResidualAndRowGatherMatchesTheTwin) {
           ASSERT_NEAR(got[size_t(i * dim + j)], ref, std::ldexp(std::fabs(ref), -21)) << n << "x" << dim;
         }
     }
+  }
+}
+
+// The norm's output rounded to int8 in its own kernel (RmsNormArgs::rounded, what the tensor-core
+// GEMMs read next) has round_rows's bits: every int8 value and every block scale, over widths with
+// a partial last block of 256 (2880, 4128), one chunk per thread and eight (1024, 8192), past the
+// registers' reach (8224: the plain kernel, then round_rows), rows gathered, a residual added, and
+// a row holding an infinity and a NaN (their blocks' scales NaN, as round_rows gives).
+TEST(CudaOps, RmsNormRoundsItsOutputAsRoundRowsDoes) {
+  SPILL_SKIP_WITHOUT_GPU();
+  for (int64_t dim : {32, 1024, 2048, 2880, 4128, 8192, 8224}) {
+    const int64_t n = 5;
+    auto x = randn(size_t(n * dim), 11 + dim, 3.0f);
+    const auto r = randn(size_t(n * dim), 12 + dim), w = randn(size_t(dim), 13, 0.5f);
+    x[size_t(2 * dim + dim / 3)] = INFINITY;
+    x[size_t(3 * dim + dim - 1)] = NAN;
+    std::vector<int32_t> rows = {4, 0, 3, 1, 2};
+    DeviceBuffer xd = to_device(x), rd = to_device(r), wd = to_device(w), rows_d = to_device(rows);
+    DeviceBuffer out(size_t(n * dim) * 4), fused(size_t(cuda::rounded_rows_bytes(n, dim))),
+        apart(size_t(cuda::rounded_rows_bytes(n, dim)));
+    cuda::rmsnorm({.x = xd.as<float>(), .residual = rd.as<float>(), .rows = rows_d.as<int32_t>(), .weight = wd.as<float>(),
+                   .out = out.as<float>(), .n = n, .dim = dim, .eps = 1e-6, .rounded = fused.ptr},
+                  s0);
+    cuda::round_rows(out.ptr, false, n, dim, apart.ptr, s0);
+    CUDA_OK(cudaDeviceSynchronize());
+    const size_t bytes = size_t(cuda::rounded_rows_bytes(n, dim));
+    const auto got = test::download<uint8_t>(fused.ptr, bytes), want = test::download<uint8_t>(apart.ptr, bytes);
+    const cuda::RoundedRows layout = cuda::rounded_rows_at(fused.ptr, n, dim);
+    const size_t q_bytes = size_t(n * dim),
+                 d_at = size_t(reinterpret_cast<const uint8_t*>(layout.d) - static_cast<const uint8_t*>(fused.ptr));
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), q_bytes)) << "int8 values, dim " << dim;
+    ASSERT_EQ(0, std::memcmp(got.data() + d_at, want.data() + d_at, size_t(n * layout.d_stride) * 4))
+        << "block scales, dim " << dim;
+    // Output row 2 reads input row 3 (the NaN: every output of the row is NaN), output row 4 input
+    // row 2 (the infinity: a zero norm scale, so NaN only where inf * 0 lands); row 0 is finite.
+    std::vector<float> d(size_t(n * layout.d_stride));
+    std::memcpy(d.data(), got.data() + d_at, d.size() * 4);
+    EXPECT_TRUE(std::isnan(d[size_t(2 * layout.d_stride + (dim - 1) / 256)])) << dim;
+    EXPECT_TRUE(std::isnan(d[size_t(4 * layout.d_stride + (dim / 3) / 256)])) << dim;
+    for (int64_t b = 0; b < layout.d_stride; ++b) EXPECT_FALSE(std::isnan(d[size_t(b)])) << dim;
   }
 }
 

@@ -192,10 +192,19 @@ class CudaRunner final : public ModelRunner {
   // Runs a step on the stream, its logit rows left in logits_dev_, copied into *logits when given;
   // returns the number of logit rows. No host synchronisation when logits is null.
   int64_t run_step(const ForwardBatch& batch, ForwardObserver* observer, std::vector<float>* logits);
-  void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias);
-  void experts(const DeviceLayer& layer, const cuda::ExpertWeights* table, const float* x, int64_t n, float* out);
+  // x_rounded, where given: x's rows already rounded to int8 (h_rounded_, written by the RMSNorm that
+  // wrote x), for the calls that take the tensor-core path; the others read x.
+  void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias,
+              const cuda::RoundedRows* x_rounded = nullptr);
+  void experts(const DeviceLayer& layer, const cuda::ExpertWeights* table, const float* x, int64_t n, float* out,
+               const cuda::RoundedRows* x_rounded = nullptr);
   // The layer's SwiGLU MLP (dense, or the shared experts): out = down(silu(gate x) * up x).
-  void swiglu_mlp(const DeviceLayer& layer, const float* x, int64_t n, float* out);
+  void swiglu_mlp(const DeviceLayer& layer, const float* x, int64_t n, float* out,
+                  const cuda::RoundedRows* x_rounded = nullptr);
+  // Whether a call of n tokens of w, of a MoE layer's experts, of a SwiGLU MLP reads rounded rows.
+  bool reads_rounded(const DeviceMatrix& w, int64_t n) const;
+  bool experts_read_rounded(const DeviceLayer& layer, int64_t n) const;
+  bool mlp_reads_rounded(const DeviceLayer& layer, int64_t n) const;
   void observe(ForwardObserver* observer, const char* name, int layer, const float* data, int64_t rows, int64_t cols);
   // With config.profile_ops: an event after each op; the time since the previous mark is the op's.
   void mark(const char* op);
@@ -241,6 +250,9 @@ class CudaRunner final : public ModelRunner {
   float* shared_out_ = nullptr;  // [N, H]: a MoE layer's shared experts, added with its routed ones
   int32_t* route_ids_ = nullptr;
   void* moe_workspace_ = nullptr;
+  // h_'s rows rounded to int8 by the RMSNorm that writes h_, when the next GEMMs run on tensor cores
+  // (prompts): one rounding for q, k and v, or for the router's experts and the shared experts.
+  void* h_rounded_ = nullptr;
   int64_t logit_rows_per_pass_ = 0;
   std::unique_ptr<cuda::SamplingPlan> sampling_;  // for logit_rows_per_pass_ rows
   std::unique_ptr<offload::ExpertStore> store_;   // the routed experts, when placed by a plan
@@ -753,6 +765,7 @@ void CudaRunner::allocate_workspace() {
       {reinterpret_cast<void**>(&scratch_), N * H * 4},
       {reinterpret_cast<void**>(&shared_out_), spec_.n_shared_experts > 0 ? N * H * 4 : 4},
       {&moe_workspace_, std::max<int64_t>(moe_ws, 16)},
+      {&h_rounded_, H % 32 == 0 ? cuda::rounded_rows_bytes(N, H) : 16},
   };
   int64_t total = 0;
   for (const Piece& p : pieces) total += int64_t(align_up(size_t(p.bytes)));
@@ -811,7 +824,20 @@ void CudaRunner::check_batch(const ForwardBatch& batch) const {
     if (t < 0 || t >= spec_.vocab_size) fail("forward: token id {} is outside the vocabulary (size {})", t, spec_.vocab_size);
 }
 
-void CudaRunner::linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias) {
+bool CudaRunner::reads_rounded(const DeviceMatrix& w, int64_t n) const {
+  return !w.empty() && !is_float_type(w.type) && cuda::gemv_reads_rounded(w.plan, std::min(n, w.plan.max_n));
+}
+
+bool CudaRunner::experts_read_rounded(const DeviceLayer& d, int64_t n) const {
+  return d.moe && moe_blocks_ && cuda::moe_reads_rounded_x(d.moe_plan, std::min(n, d.moe_plan.max_tokens));
+}
+
+bool CudaRunner::mlp_reads_rounded(const DeviceLayer& d, int64_t n) const {
+  return d.mlp_width > 0 && (reads_rounded(d.gate_up, n) || reads_rounded(d.gate, n) || reads_rounded(d.up, n));
+}
+
+void CudaRunner::linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, const float* bias,
+                        const cuda::RoundedRows* x_rounded) {
   if (is_float_type(w.type)) {
     cuda::matmul_float(w.data, w.type, w.rows, w.cols, x, n, bias, y, stream_);
     ++launches_;
@@ -825,8 +851,9 @@ void CudaRunner::linear(const DeviceMatrix& w, const float* x, int64_t n, float*
     a.n = nt;
     a.y = y + t0 * w.rows;
     a.workspace = w.workspace;
+    if (x_rounded) a.rounded = cuda::rounded_rows_from(*x_rounded, t0);
     cuda::gemv(w.plan, a, stream_);
-    launches_ += cuda::gemv_launches(w.plan, nt);
+    launches_ += cuda::gemv_launches(w.plan, nt, x_rounded != nullptr);
   }
   if (bias) {
     cuda::add_bias(y, bias, n, w.rows, stream_);
@@ -834,7 +861,8 @@ void CudaRunner::linear(const DeviceMatrix& w, const float* x, int64_t n, float*
   }
 }
 
-void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table, const float* x, int64_t n, float* out) {
+void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table, const float* x, int64_t n, float* out,
+                         const cuda::RoundedRows* x_rounded) {
   const int64_t H = spec_.hidden_size, K = spec_.n_experts_per_token;
   if (moe_blocks_) {
     for (int64_t t0 = 0; t0 < n; t0 += d.moe_plan.max_tokens) {
@@ -847,6 +875,7 @@ void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table,
       a.weights = route_weights_ + t0 * K;
       a.out = out + t0 * H;
       a.workspace = moe_workspace_;
+      if (x_rounded) a.x_rounded = cuda::rounded_rows_from(*x_rounded, t0);
       if (counts_dev_.ptr) {
         const int64_t E = spec_.n_experts, M = int64_t(moe_layer_.size());
         uint32_t* counts = counts_dev_.as<uint32_t>() + d.moe_index * E;
@@ -854,7 +883,7 @@ void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table,
         a.touches = counts + M * E;
       }
       cuda::moe_experts(d.moe_plan, a, stream_);
-      launches_ += cuda::moe_launches(d.moe_plan, nt);
+      launches_ += cuda::moe_launches(d.moe_plan, nt, x_rounded != nullptr);
     }
     return;
   }
@@ -875,14 +904,15 @@ void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table,
   launches_ += 3;
 }
 
-void CudaRunner::swiglu_mlp(const DeviceLayer& d, const float* x, int64_t n, float* out) {
+void CudaRunner::swiglu_mlp(const DeviceLayer& d, const float* x, int64_t n, float* out,
+                            const cuda::RoundedRows* x_rounded) {
   const int64_t I = d.mlp_width;
   if (!d.gate_up.empty()) {
-    linear(d.gate_up, x, n, gate_up_, nullptr);
+    linear(d.gate_up, x, n, gate_up_, nullptr, x_rounded);
     cuda::silu_mul(gate_up_, nullptr, n, I, mlp_act_, stream_);
   } else {
-    linear(d.gate, x, n, gate_up_, nullptr);
-    linear(d.up, x, n, gate_up_ + n * I, nullptr);
+    linear(d.gate, x, n, gate_up_, nullptr, x_rounded);
+    linear(d.up, x, n, gate_up_ + n * I, nullptr, x_rounded);
     cuda::silu_mul(gate_up_, gate_up_ + n * I, n, I, mlp_act_, stream_);
   }
   ++launches_;
@@ -1100,12 +1130,17 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
   const int attention_launches = st.grid_parts > 1 ? 2 : cuda::attention_launches(max_positions);
   bool pending_residual = false;  // mlp_out_ still to be added to x_
   bool pending_shared = false;    // and shared_out_ with it
+  // The rounded rows of h_ (both norms of a layer write them when the GEMMs after them round).
+  const cuda::RoundedRows h_rounded = cuda::rounded_rows_at(h_rounded_, n, H);
+  const bool can_round = H % 32 == 0;
   for (int64_t l = 0; l < spec_.n_layers; ++l) {
     const DeviceLayer& d = layers_[size_t(l)];
     const int layer = int(l);
+    const bool round_attn =
+        can_round && (reads_rounded(d.qkv, n) || reads_rounded(d.q, n) || reads_rounded(d.k, n) || reads_rounded(d.v, n));
     cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr,
                    .residual2 = pending_residual && pending_shared ? shared_out_ : nullptr, .weight = d.attn_norm,
-                   .out = h_, .n = n, .dim = H, .eps = spec_.rms_norm_eps},
+                   .out = h_, .n = n, .dim = H, .eps = spec_.rms_norm_eps, .rounded = round_attn ? h_rounded_ : nullptr},
                   stream_);
     ++launches_;
     mark("rmsnorm + residual");
@@ -1114,16 +1149,17 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
     // q, k, v
     float *q, *k, *v;
     int64_t ld_q, ld_k, ld_v;
+    const cuda::RoundedRows* attn_in = round_attn ? &h_rounded : nullptr;
     if (!d.qkv.empty()) {
-      linear(d.qkv, h_, n, qkv_, d.qkv_bias);
+      linear(d.qkv, h_, n, qkv_, d.qkv_bias, attn_in);
       q = qkv_, k = qkv_ + Q, v = qkv_ + Q + KV;
       ld_q = ld_k = ld_v = Q + 2 * KV;
     } else {
       q = qkv_, k = qkv_ + n * Q, v = qkv_ + n * (Q + KV);
       ld_q = Q, ld_k = KV, ld_v = KV;
-      linear(d.q, h_, n, q, nullptr);
-      linear(d.k, h_, n, k, nullptr);
-      linear(d.v, h_, n, v, nullptr);
+      linear(d.q, h_, n, q, nullptr, attn_in);
+      linear(d.k, h_, n, k, nullptr, attn_in);
+      linear(d.v, h_, n, v, nullptr, attn_in);
     }
     mark("q/k/v projections");
     uint8_t* k_cache = kv_.as<uint8_t>() + size_t(l * kv_layer_elems_) * kv_elem;
@@ -1152,7 +1188,10 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
     mark("attention");
     linear(d.o, attn_, n, proj_, d.o_bias);
     mark("o projection");
-    cuda::rmsnorm({.x = x_, .residual = proj_, .weight = d.mlp_norm, .out = h_, .n = n, .dim = H, .eps = spec_.rms_norm_eps},
+    const bool round_mlp = can_round && (experts_read_rounded(d, n) || mlp_reads_rounded(d, n));
+    const cuda::RoundedRows* mlp_in = round_mlp ? &h_rounded : nullptr;
+    cuda::rmsnorm({.x = x_, .residual = proj_, .weight = d.mlp_norm, .out = h_, .n = n, .dim = H,
+                   .eps = spec_.rms_norm_eps, .rounded = round_mlp ? h_rounded_ : nullptr},
                   stream_);
     ++launches_;
     mark("rmsnorm + residual");
@@ -1174,16 +1213,16 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
         observer->on_router(layer, n, K, ids.data(), ws.data());
       }
       if (st.staged) staging_->before_experts(d.moe_index, stream_);
-      experts(d, st.staged ? staging_->table(l) : d.expert_table, h_, n, mlp_out_);
+      experts(d, st.staged ? staging_->table(l) : d.expert_table, h_, n, mlp_out_, mlp_in);
       if (st.staged) staging_->after_experts(d.moe_index, stream_);
       mark("routed experts");
       pending_shared = d.mlp_width > 0;
       if (pending_shared) {
-        swiglu_mlp(d, h_, n, shared_out_);
+        swiglu_mlp(d, h_, n, shared_out_, mlp_in);
         mark("shared experts");
       }
     } else {
-      swiglu_mlp(d, h_, n, mlp_out_);
+      swiglu_mlp(d, h_, n, mlp_out_, mlp_in);
       pending_shared = false;
       mark("dense MLP");
     }

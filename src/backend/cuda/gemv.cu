@@ -253,7 +253,9 @@ void init_gemv_workspace(const GemvPlan& plan, void* workspace, cudaStream_t str
         "clearing the GEMV workspace");
 }
 
-int gemv_launches(const GemvPlan& plan, int64_t n) { return plan.mmq && n >= kMmqMinTokens ? 2 : 1; }
+int gemv_launches(const GemvPlan& plan, int64_t n, bool rounded) {
+  return gemv_reads_rounded(plan, n) && !rounded ? 2 : 1;
+}
 
 int64_t gemv_tokens_per_call(DType type) { return mmq_format(type) ? 1024 : 64; }
 
@@ -266,11 +268,19 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   if (plan.workspace_bytes > 0 && args.workspace == nullptr)
     throw_error("this GEMV needs its workspace (plan.workspace_bytes)");
   const WorkspaceLayout w = workspace_layout(plan);
-  if (plan.mmq && args.n >= kMmqMinTokens) {
-    // Many tokens: the activations rounded once, then the tensor-core tiles (the same bits).
+  if (gemv_reads_rounded(plan, args.n)) {
+    // Many tokens: the activations rounded once (here, or by the kernel that wrote them), then the
+    // tensor-core tiles (the same bits).
     uint8_t* ws = static_cast<uint8_t*>(args.workspace);
-    const RoundedRows acts = rounded_rows_at(ws + w.rounded, args.n, plan.cols);
-    round_rows(args.x, args.x_bf16, args.n, plan.cols, ws + w.rounded, stream);
+    RoundedRows acts = args.rounded;
+    if (acts.q) {
+      if (acts.cols != plan.cols || acts.d_stride != (plan.cols + kActBlock - 1) / kActBlock)
+        throw_error("GEMV: the rounded activations given have " + std::to_string(acts.cols) + " columns; the matrix has " +
+                    std::to_string(plan.cols));
+    } else {
+      acts = rounded_rows_at(ws + w.rounded, args.n, plan.cols);
+      round_rows(args.x, args.x_bf16, args.n, plan.cols, ws + w.rounded, stream);
+    }
     MmqDenseParams p{};
     p.weights = static_cast<const uint8_t*>(args.weights);
     p.acts = acts;

@@ -43,6 +43,38 @@ constexpr int64_t kMmqMinTokens = 32;
 // Checks the shape (cols a whole number of blocks, a supported type) and chooses the split.
 GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n);
 
+// Activations rounded once per call (round_rows below, or the RMSNorm that wrote them: see
+// RmsNormArgs::rounded): row r's int8 values q[r * cols + i] and the scale of each block of 256
+// (d[r * d_stride + b]), as quantize_tokens computes them.
+struct RoundedRows {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  int64_t cols = 0, d_stride = 0;
+};
+__host__ __device__ inline int64_t rounded_rows_bytes(int64_t rows, int64_t cols) {
+  const int64_t q = (rows * cols + 15) / 16 * 16;
+  const int64_t d = (rows * ((cols + 255) / 256) * 4 + 15) / 16 * 16;
+  return q + d;
+}
+__host__ __device__ inline RoundedRows rounded_rows_at(void* base, int64_t rows, int64_t cols) {
+  uint8_t* p = static_cast<uint8_t*>(base);
+  RoundedRows r;
+  r.cols = cols;
+  r.d_stride = (cols + 255) / 256;
+  r.q = reinterpret_cast<const int8_t*>(p);
+  p += (rows * cols + 15) / 16 * 16;
+  r.d = reinterpret_cast<const float*>(p);
+  return r;
+}
+
+// The rows of r from row `first` on.
+__host__ __device__ inline RoundedRows rounded_rows_from(const RoundedRows& r, int64_t first) {
+  RoundedRows s = r;
+  s.q += first * r.cols;
+  s.d += first * r.d_stride;
+  return s;
+}
+
 struct GemvArgs {
   const void* weights = nullptr;  // rows * row_bytes(type, cols) bytes, 16-byte aligned, device-visible
   const void* x = nullptr;        // [n, cols] f32 or bf16, 16-byte aligned
@@ -50,6 +82,9 @@ struct GemvArgs {
   int64_t n = 1;                  // 1 .. plan.max_n
   float* y = nullptr;             // [n, rows]
   void* workspace = nullptr;      // plan.workspace_bytes, prepared once by init_gemv_workspace
+  // x already rounded (q set: n rows of plan.cols, the bits round_rows gives): the tensor-core path
+  // reads these instead of rounding x itself; the decode path reads x.
+  RoundedRows rounded{};
 };
 
 // Zeroes the workspace's tile counters (once after allocation; gemv leaves them zero).
@@ -58,8 +93,11 @@ void init_gemv_workspace(const GemvPlan& plan, void* workspace, cudaStream_t str
 // Enqueues the GEMV on `stream`; no host synchronisation.
 void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream);
 
-// Kernels gemv() launches for a call of n tokens (the tensor-core path rounds the activations first).
-int gemv_launches(const GemvPlan& plan, int64_t n);
+// Kernels gemv() launches for a call of n tokens (the tensor-core path rounds the activations first,
+// unless they come rounded).
+int gemv_launches(const GemvPlan& plan, int64_t n, bool rounded = false);
+// Whether a call of n tokens would read rounded activations (the tensor-core path).
+inline bool gemv_reads_rounded(const GemvPlan& plan, int64_t n) { return plan.mmq && n >= kMmqMinTokens; }
 
 // Tokens one gemv() call should be planned for: the tensor-core path's tiles want whole prefill
 // chunks; the decode path's split-K workspace grows with the tokens.

@@ -21,6 +21,7 @@
 // CPU twin: quant::quantize_activations_q8 + quant::dot_q8, as for the decode kernels.
 #pragma once
 #include "backend/cuda/block_dot.cuh"
+#include "backend/cuda/gemv.h"
 
 namespace spill::cuda {
 
@@ -30,29 +31,6 @@ constexpr int kMmqActStride = kMmqKTile + 16;  // bytes per token row in shared 
 
 __host__ __device__ constexpr bool mmq_format(DType t) {
   return t == DType::Q8_0 || t == DType::Q5_K || t == DType::Q4_K || t == DType::Q3_K;
-}
-
-// Activations rounded once per call (round_rows in gemv.cu): row r's int8 values q[r * cols + i]
-// and the scale of each block of 256 (d[r * d_stride + b]), as quantize_tokens computes them.
-struct RoundedRows {
-  const int8_t* q = nullptr;
-  const float* d = nullptr;
-  int64_t cols = 0, d_stride = 0;
-};
-__host__ __device__ inline int64_t rounded_rows_bytes(int64_t rows, int64_t cols) {
-  const int64_t q = (rows * cols + 15) / 16 * 16;
-  const int64_t d = (rows * ((cols + 255) / 256) * 4 + 15) / 16 * 16;
-  return q + d;
-}
-__host__ __device__ inline RoundedRows rounded_rows_at(void* base, int64_t rows, int64_t cols) {
-  uint8_t* p = static_cast<uint8_t*>(base);
-  RoundedRows r;
-  r.cols = cols;
-  r.d_stride = (cols + 255) / 256;
-  r.q = reinterpret_cast<const int8_t*>(p);
-  p += (rows * cols + 15) / 16 * 16;
-  r.d = reinterpret_cast<const float*>(p);
-  return r;
 }
 
 // ---- the formats: each K step's raw bytes converted once to int8 weights and a scale record -----

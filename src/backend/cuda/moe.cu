@@ -424,8 +424,11 @@ __global__ void __launch_bounds__(kMmqThreads) moe_mmq_gate_up_kernel(MoeParams 
   using Tile = MmqTile<T, 2, kMoeWN>;  // per warp: m-tile 0 its 16 gate rows, m-tile 1 the same up rows
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int list[kMoeTileTokens];
-  allow_next_grid();
+  // Wait before letting the next kernel start: the down kernel reads the groups before its own wait
+  // (they were written before this kernel started), which holds only once this kernel has waited for
+  // the grouping, its predecessor when the activations come rounded by the RMSNorm.
   wait_for_previous_grid();  // the groups and the rounded activations
+  allow_next_grid();
   int key, tile;
   const int m = mmq_tile_pairs(p, blockIdx.y, list, &key, &tile);
   if (m == 0 || key < 0) return;
@@ -607,10 +610,12 @@ int64_t moe_tokens_per_call(const MoeShape& shape) {
   return mmq_format(shape.gate_up_type) && mmq_format(shape.down_type) ? 1024 : 256;
 }
 
-int moe_launches(const MoePlan& plan, int64_t n) {
+bool moe_reads_rounded_x(const MoePlan& plan, int64_t n) { return use_mmq(plan.shape, plan.shape.gate_up_type, n); }
+
+int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded) {
   if (n <= kMaxTokenGroup) return kMoeLaunchesPerCall;
   int launches = kMoeLaunchesPerCall + 1;
-  if (use_mmq(plan.shape, plan.shape.gate_up_type, n)) launches += 1;
+  if (use_mmq(plan.shape, plan.shape.gate_up_type, n) && !x_rounded) launches += 1;
   if (use_mmq(plan.shape, plan.shape.down_type, n)) launches += 2;
   return launches;
 }
@@ -656,7 +661,11 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
                 .sorted = g + 1 + keys + keys + 1,
                 .tiles = reinterpret_cast<int4*>(ws + w.tiles)};
   }
-  p.x_rounded = rounded_rows_at(ws + w.x_rounded, a.n, s.hidden);
+  const bool x_given = a.x_rounded.q != nullptr;
+  if (x_given && (a.x_rounded.cols != s.hidden || a.x_rounded.d_stride != (s.hidden + kActBlock - 1) / kActBlock))
+    throw_error("MoE: the rounded activations given have " + std::to_string(a.x_rounded.cols) +
+                " columns; the experts take " + std::to_string(s.hidden));
+  p.x_rounded = x_given ? a.x_rounded : rounded_rows_at(ws + w.x_rounded, a.n, s.hidden);
   p.act_rounded = rounded_rows_at(ws + w.act_rounded, p.pairs, s.width);
   const bool mmq_gate_up = use_mmq(s, s.gate_up_type, a.n), mmq_down = use_mmq(s, s.down_type, a.n);
   // Token tiles of the tensor-core kernels: at most one per 32 pairs plus one per active key.
@@ -667,7 +676,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(launch_overlapped(moe_group_kernel, dim3(1), dim3(kGroupThreads), 0, stream, p),
           "launching the MoE grouping kernel");
 
-  if (mmq_gate_up) round_rows(a.x, false, a.n, s.hidden, ws + w.x_rounded, stream);
+  if (mmq_gate_up && !x_given) round_rows(a.x, false, a.n, s.hidden, ws + w.x_rounded, stream);
   dispatch_block_type(s.gate_up_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     if constexpr (mmq_format(T)) {

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/gemv.h"
 #include "core/dtype.h"
 
 namespace spill::cuda {
@@ -86,6 +87,9 @@ struct MoeArgs {
   // the call reads its bytes. Where host-expert traffic and the VRAM expert cache get their counts.
   uint32_t* routings = nullptr;
   uint32_t* touches = nullptr;
+  // x already rounded (q set: n rows of hidden; round_rows's bits): the tensor-core gate/up reads
+  // these instead of rounding x itself (moe_reads_rounded_x says when it runs).
+  RoundedRows x_rounded{};
 };
 
 // Enqueues the two kernels on `stream`.
@@ -95,7 +99,9 @@ void moe_experts(const MoePlan& plan, const MoeArgs& args, cudaStream_t stream);
 constexpr int kMoeLaunchesPerCall = 2;
 // Launches of a call of n tokens: calls of more than 8 tokens group their pairs by expert first;
 // a projection on the tensor-core path rounds its activations first, and down adds a combine.
-int moe_launches(const MoePlan& plan, int64_t n);
+int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded = false);
+// Whether a call of n tokens reads its activations rounded (the tensor-core gate/up).
+bool moe_reads_rounded_x(const MoePlan& plan, int64_t n);
 
 // Tokens one moe_experts() call should be planned for: the tensor-core path wants whole prefill
 // chunks (an expert's token tiles fill up); the decode kernels keep a call's pair list in shared

@@ -163,12 +163,66 @@ __global__ void rmsnorm_kernel(RmsNormArgs a) {
   for (int64_t j = threadIdx.x; j < a.dim; j += kNormBlock) o[j] = __fmul_rn(a.weight[j], __fmul_rn(x[j], scale));
 }
 
+// The norm's output row, in registers (thread t holds outputs 4 (t + c kNormVecBlock) .. + 4 of
+// chunk c), rounded to int8 per block of 256 into RmsNormArgs::rounded. Block b = 4c + k is the 64
+// threads 64k .. 64k + 63 of chunk c, two warps whose maxima meet in shared memory. The operations
+// are round_block_q8's (gemv's round_rows): the max of |v| (a non-finite value marks the block),
+// 127 / max, rint, the clamp to [-127, 127], scale max / 127 or NaN; so the bits are round_rows's.
+constexpr int kNormVecBlock = 256;
+template <int kChunks>
+__device__ __forceinline__ void round_norm_row(const RmsNormArgs& a, int64_t r, const float4 (&v)[kChunks], int chunks) {
+  static_assert(kNormVecBlock % 64 == 0, "a block of 256 outputs is 64 threads");
+  __shared__ float warp_max[kChunks][kNormVecBlock / 32];
+  __shared__ int warp_bad[kChunks][kNormVecBlock / 32];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const float e[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+    float amax = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float m = fabsf(e[i]);
+      amax = fmaxf(amax, m);
+      bad |= !(m <= 3.402823466e38f);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) {
+      warp_max[c][warp] = amax;
+      warp_bad[c][warp] = bad;
+    }
+  }
+  __syncthreads();
+  const RoundedRows rr = rounded_rows_at(a.rounded, a.n, a.dim);
+  int8_t* q = const_cast<int8_t*>(rr.q) + r * a.dim;
+  float* d = const_cast<float*>(rr.d) + r * rr.d_stride;
+  const int w0 = warp / 2 * 2;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int at = int(threadIdx.x) + c * kNormVecBlock;
+    if (at >= chunks) continue;
+    const float amax = fmaxf(warp_max[c][w0], warp_max[c][w0 + 1]);
+    const bool bad = warp_bad[c][w0] | warp_bad[c][w0 + 1];
+    const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const float e[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int qi = int(fminf(fmaxf(rintf(__fmul_rn(e[i], inv)), -127.0f), 127.0f));
+      packed |= (uint32_t(qi) & 0xFFu) << (8 * i);
+    }
+    *reinterpret_cast<uint32_t*>(q + 4 * int64_t(at)) = packed;
+    if (threadIdx.x % 64 == 0) d[4 * at / 256] = bad ? __int_as_float(0x7FC00000) : __fdiv_rn(amax, 127.0f);
+  }
+}
+
 // Rows whose width is a multiple of 4 and at most kNormVecBlock * 4 * kChunks: every load of the row
 // (x, the residual, the weights) is issued at once into registers as 16-byte words, so a row costs
 // one memory round trip, the sum of squares, and the stores (at batch 1 a norm is a chain of
 // latencies, not of bytes). Each thread sums its own values in order, in double; then the warp
 // butterfly and the warps in order.
-constexpr int kNormVecBlock = 256;
 template <int kChunks>
 __global__ void __launch_bounds__(kNormVecBlock) rmsnorm_vec_kernel(RmsNormArgs a) {
   overlap_prologue();
@@ -221,10 +275,15 @@ __global__ void __launch_bounds__(kNormVecBlock) rmsnorm_vec_kernel(RmsNormArgs 
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int at = int(threadIdx.x) + c * kNormVecBlock;
-    if (at < chunks)
-      o[at] = make_float4(__fmul_rn(wv[c].x, __fmul_rn(v[c].x, scale)), __fmul_rn(wv[c].y, __fmul_rn(v[c].y, scale)),
-                          __fmul_rn(wv[c].z, __fmul_rn(v[c].z, scale)), __fmul_rn(wv[c].w, __fmul_rn(v[c].w, scale)));
+    if (at < chunks) {
+      v[c] = make_float4(__fmul_rn(wv[c].x, __fmul_rn(v[c].x, scale)), __fmul_rn(wv[c].y, __fmul_rn(v[c].y, scale)),
+                         __fmul_rn(wv[c].z, __fmul_rn(v[c].z, scale)), __fmul_rn(wv[c].w, __fmul_rn(v[c].w, scale)));
+      o[at] = v[c];
+    } else {
+      v[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // past the row: zeros, as round_rows pads a last block
+    }
   }
+  if (a.rounded) round_norm_row<kChunks>(a, r, v, chunks);
 }
 
 // ---- RoPE + KV write -----------------------------------------------------------------------------
@@ -1607,6 +1666,9 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
   RmsNormArgs a = args;
   if (a.ld_x == 0) a.ld_x = a.dim;
   if (a.ld_out == 0) a.ld_out = a.dim;
+  if (a.rounded && (a.dim % 32 != 0 || a.ld_out != a.dim || reinterpret_cast<uintptr_t>(a.rounded) % 16 != 0))
+    throw_error("rmsnorm: rounding the output needs dim a multiple of 32 (" + str(a.dim) +
+                "), contiguous rows and a 16-byte aligned buffer");
   const bool vec = a.dim % 4 == 0 && a.ld_x % 4 == 0 && a.ld_out % 4 == 0 &&
                    (reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.out) |
                     reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.residual) |
@@ -1621,8 +1683,12 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream) {
     launch("launching the RMSNorm kernel", rmsnorm_vec_kernel<4>, grid, dim3(kNormVecBlock), 0, stream, a);
   else if (vec && per_thread <= 8)
     launch("launching the RMSNorm kernel", rmsnorm_vec_kernel<8>, grid, dim3(kNormVecBlock), 0, stream, a);
-  else
-    launch("launching the RMSNorm kernel", rmsnorm_kernel, grid, dim3(kNormBlock), 0, stream, a);
+  else {
+    RmsNormArgs plain = a;
+    plain.rounded = nullptr;
+    launch("launching the RMSNorm kernel", rmsnorm_kernel, grid, dim3(kNormBlock), 0, stream, plain);
+    if (a.rounded) round_rows(a.out, false, a.n, a.dim, a.rounded, stream);  // (needs ld_out == dim)
+  }
 }
 
 void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {

@@ -47,6 +47,10 @@ struct RmsNormArgs {
   int64_t n = 0, dim = 0;
   int64_t ld_x = 0, ld_out = 0;     // row strides (0: dim)
   double eps = 1e-6;
+  // Or null: the output rows also rounded to int8 per block of 256 at rounded_rows_at(rounded, n,
+  // dim) (gemv.h), with round_rows's bits, for the tensor-core GEMMs that read them next: in the
+  // norm's own kernel where the row fits its registers, else by round_rows after it. dim % 32 == 0.
+  void* rounded = nullptr;
 };
 void rmsnorm(const RmsNormArgs& args, cudaStream_t stream);
 
