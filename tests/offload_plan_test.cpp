@@ -106,7 +106,10 @@ TEST(OffloadPlan, RefusesBrokenPlansNamingTheField) {
   };
   const std::vector<Case> cases = {
       {"format", [](json& j) { j["format"] = "spill-routing-profile"; }},
-      {"version", [](json& j) { j["version"] = 2; }},
+      {"version", [](json& j) { j["version"] = 3; }},
+      {"parallel", [](json& j) { j["version"] = 2; }},  // version 2 says how the GPUs share the layers
+      {"parallel", [](json& j) { j["parallel"] = {{"kind", "experts"}}; }},  // ... version 1 does not
+      {"layers[5].owners", [](json& j) { j["layers"][5]["owners"] = json::array(); }},
       {"version", [](json& j) { j.erase("version"); }},
       {"model.n_layers", [](json& j) { j["model"].erase("n_layers"); }},
       {"model.n_layers", [](json& j) { j["model"]["n_layers"] = 48.5; }},
@@ -137,6 +140,56 @@ TEST(OffloadPlan, RefusesBrokenPlansNamingTheField) {
       {"gpus", [](json& j) { j["gpus"][0]["layers"] = {0, 47}; }},
       {"gpus[0].gpu", [](json& j) { j["gpus"][0]["gpu"] = 3; }},
       {"(top level)", [](json& j) { j = json::array(); }},
+  };
+  for (const Case& c : cases) {
+    json j = good;
+    c.edit(j);
+    const std::string why = error_of(j);
+    EXPECT_NE(why.find(std::string("plan.json: ") + c.field), std::string::npos)
+        << "field " << c.field << ": " << (why.empty() ? "accepted" : why);
+  }
+}
+
+// Two GPUs sharing every layer's experts (plan version 2): owners come back as planned, and a
+// broken owner list, range or kind is refused naming its field.
+TEST(OffloadPlan, ReadsBackAnExpertParallelPlan) {
+  placement::PlanRequest req;
+  req.shape = placement::load_model_shape(std::string(SPILL_TEST_DATA) + "/shapes/s30.json");
+  req.types = placement::parse_tensor_class_types("q4_k_m,experts=q4_k");
+  req.gpu_mem = {int64_t(70) << 30, int64_t(70) << 30};
+  req.max_model_len = 8192;
+  req.max_seqs = 4;
+  req.min_host_fraction = 0.3;
+  const placement::PlanOutcome outcome = placement::make_plan(req);
+  ASSERT_TRUE(outcome.fits) << outcome.refusal;
+  ASSERT_EQ(outcome.plan.parallel, placement::Parallelism::Experts);
+  const std::string text = placement::plan_to_json(outcome);
+  const offload::PlacementPlan plan = offload::parse_plan(text, "plan.json");
+  EXPECT_TRUE(plan.expert_parallel);
+  EXPECT_EQ(plan.n_gpus, 2);
+  ASSERT_EQ(plan.layers.size(), 48u);
+  for (size_t l = 0; l < 48; ++l) {
+    EXPECT_EQ(plan.layers[l].gpu, -1);
+    EXPECT_EQ(plan.layers[l].host, outcome.plan.layers[l].host_experts) << "layer " << l;
+    EXPECT_EQ(plan.layers[l].owners, outcome.plan.layers[l].owner) << "layer " << l;
+  }
+  EXPECT_EQ(plan.host_expert_count(), outcome.plan.host_experts());
+
+  const json good = json::parse(text);
+  struct Case {
+    const char* field;
+    std::function<void(json&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"parallel.kind", [](json& j) { j["parallel"]["kind"] = "layers"; }},
+      {"parallel", [](json& j) { j.erase("parallel"); }},
+      {"gpus[1].layers", [](json& j) { j["gpus"][1]["layers"] = {0, 47}; }},
+      {"layers[4].gpu", [](json& j) { j["layers"][4]["gpu"] = 0; }},
+      {"layers[4].owners", [](json& j) { j["layers"][4].erase("owners"); }},
+      {"layers[4].owners", [](json& j) { j["layers"][4]["owners"].erase(j["layers"][4]["owners"].end() - 1); }},
+      {"layers[4].owners[3]", [](json& j) { j["layers"][4]["owners"][3] = 2; }},
+      {"layers[4].owners[3]", [](json& j) { j["layers"][4]["owners"][3] = -1; }},
+      {"layers[4].owners[3]", [](json& j) { j["layers"][4]["owners"][3] = "gpu0"; }},
   };
   for (const Case& c : cases) {
     json j = good;

@@ -131,9 +131,10 @@ TEST(PlacementPlanner, OffloadsNoMoreThanTheBudgetNeeds) {
   }
 }
 
-TEST(PlacementPlanner, EveryExpertAccountedOnceAndGpuTotalsAddUp) {
+TEST(PlacementPlanner, LayerSplitAccountsEveryExpertOnceAndGpuTotalsAddUp) {
   const ModelShape shape = small_shape(8, 16);
   PlanRequest r = request_for(shape);
+  r.parallel = Parallelism::Layers;
   r.max_batch_tokens = 64;
   r.gpu_mem = {int64_t(0.6 * double(no_offload_total(r)) / 2), int64_t(0.5 * double(no_offload_total(r)) / 2),
                int64_t(0.45 * double(no_offload_total(r)) / 2)};
@@ -236,6 +237,22 @@ TEST(PlacementPlanner, UniformBatchEstimateCountsDistinctExperts) {
   }
 }
 
+// Per layer and GPU: the experts it owns in VRAM and in host RAM, counted from the plan's own lists.
+struct Owned {
+  std::vector<std::vector<int64_t>> vram, host;  // [layer][gpu]
+};
+Owned owned_by_gpu(const Plan& p) {
+  const size_t G = p.gpus.size();
+  Owned o{.vram = std::vector<std::vector<int64_t>>(p.layers.size(), std::vector<int64_t>(G, 0)),
+          .host = std::vector<std::vector<int64_t>>(p.layers.size(), std::vector<int64_t>(G, 0))};
+  for (const LayerPlan& l : p.layers)
+    for (size_t e = 0; e < l.owner.size(); ++e) {
+      const bool on_host = std::binary_search(l.host_experts.begin(), l.host_experts.end(), int32_t(e));
+      (on_host ? o.host : o.vram)[size_t(l.layer)][size_t(l.owner[e])] += 1;
+    }
+  return o;
+}
+
 // The reference deployment (seeds/): 40 layers x 384 routed experts at ~3 bits, two GPUs capped at
 // 95.6 GiB. It needed 102.1 GiB per GPU without offload and ran at 72.4 GiB with 30% of the routed
 // experts (4,608 of 15,360) in host RAM.
@@ -267,9 +284,162 @@ TEST(PlacementPlanner, SeedBudgetRefusedWithoutOffloadFitsWithThirtyPercentOnHos
     EXPECT_GT(g.room(), 4 * GiB) << "gpu" << g.gpu << ": room left for more KV";
   }
   for (const LayerPlan& l : o.plan.layers) EXPECT_TRUE(l.host_experts.size() == 115 || l.host_experts.size() == 116);
+  // Expert-parallel (the default for two GPUs): each GPU reads 57 or 58 of a layer's host experts
+  // over its own link, and holds half of the KV (8 KV heads split 4 + 4).
+  ASSERT_EQ(o.plan.parallel, Parallelism::Experts);
+  const Owned own = owned_by_gpu(o.plan);
+  for (size_t l = 0; l < 40; ++l) EXPECT_LE(std::abs(own.host[l][0] - own.host[l][1]), 1) << "layer " << l;
+  EXPECT_EQ(o.plan.gpus[0].kv + o.plan.gpus[1].kv, o.plan.kv_bytes());
   std::printf("seed, 30%% on host: weights %.2f / %.2f GiB per GPU (seed: 72.4), %.2f / %.2f with KV and workspace\n",
               gib(o.plan.gpus[0].weights.total()), gib(o.plan.gpus[1].weights.total()), gib(o.plan.gpus[0].vram_total()),
               gib(o.plan.gpus[1].vram_total()));
+}
+
+// ---- expert parallelism -------------------------------------------------------------------------
+
+TEST(PlacementPlanner, ExpertParallelGivesEveryGpuAShareOfEveryLayer) {
+  const ModelShape shape = small_shape(8, 16);
+  PlanRequest r = request_for(shape);
+  r.profile = profile_from(shape, [](int64_t l, int64_t e) { return 1 + (l * 7 + e * 13) % 17; });
+  const int64_t eb = account_weights(shape, r.types).routed_expert_bytes;
+  r.gpu_mem = {GiB, GiB};
+  const int64_t all_in = make_plan(r).no_offload[0].vram_total();  // each GPU: 8 of each layer's 16 experts
+  for (int64_t short_by : {int64_t(1), eb, 5 * eb + 7, 40 * eb}) {
+    r.gpu_mem = {all_in - short_by, all_in - short_by};
+    const PlanOutcome o = make_plan(r);
+    ASSERT_TRUE(o.fits) << o.refusal;
+    const Plan& p = o.plan;
+    ASSERT_EQ(p.parallel, Parallelism::Experts);
+    // Each GPU is short by the same bytes, so each puts exactly as many whole experts in host RAM.
+    const int64_t per_gpu = (short_by + eb - 1) / eb;
+    EXPECT_EQ(p.host_experts(), 2 * per_gpu) << "short by " << short_by;
+    const Owned own = owned_by_gpu(p);
+    int64_t vram_bytes = 0, host_bytes = 0;
+    for (size_t g = 0; g < 2; ++g) {
+      const GpuPlan& gp = p.gpus[g];
+      EXPECT_EQ(gp.first_layer, 0);
+      EXPECT_EQ(gp.n_layers, 8);
+      EXPECT_LE(gp.vram_total(), gp.budget);
+      EXPECT_LT(gp.room(), eb);  // one host expert fewer would not fit
+      int64_t vram_experts = 0, host_experts = 0;
+      for (size_t l = 0; l < 8; ++l) vram_experts += own.vram[l][g], host_experts += own.host[l][g];
+      EXPECT_EQ(gp.weights[TensorClass::RoutedExperts], vram_experts * eb);
+      EXPECT_EQ(gp.host_experts, host_experts);
+      EXPECT_EQ(gp.host_bytes, host_experts * eb);
+      vram_bytes += gp.weights[TensorClass::RoutedExperts];
+      host_bytes += gp.host_bytes;
+    }
+    EXPECT_EQ(vram_bytes + host_bytes, p.bytes.total[TensorClass::RoutedExperts]);
+    for (const LayerPlan& l : p.layers) {
+      EXPECT_EQ(l.gpu, -1);
+      ASSERT_EQ(l.owner.size(), 16u);
+      for (int32_t g : l.owner) EXPECT_TRUE(g == 0 || g == 1) << g;
+      // Both links busy in every layer, with counts within one of each other.
+      const size_t L = size_t(l.layer);
+      EXPECT_LE(std::abs(own.host[L][0] - own.host[L][1]), 1) << "layer " << l.layer;
+      EXPECT_LE(std::abs(own.vram[L][0] - own.vram[L][1] + own.host[L][0] - own.host[L][1]), 2) << "layer " << l.layer;
+      // The GPUs' usage in the layer differs by at most one expert's.
+      double load[2] = {0, 0}, largest = 0;
+      for (size_t e = 0; e < 16; ++e) {
+        const bool on_host = std::binary_search(l.host_experts.begin(), l.host_experts.end(), int32_t(e));
+        if (on_host) load[l.owner[e]] += p.usage[L][e], largest = std::max(largest, p.usage[L][e]);
+      }
+      EXPECT_LE(std::abs(load[0] - load[1]), largest + 1e-12) << "layer " << l.layer;
+    }
+    EXPECT_EQ(plan_to_json(o), plan_to_json(make_plan(r)));  // deterministic
+  }
+}
+
+TEST(PlacementPlanner, ExpertParallelHostLinksStayBalancedWhenBudgetsDiffer) {
+  const ModelShape shape = small_shape(8, 16);
+  PlanRequest r = request_for(shape);
+  const int64_t eb = account_weights(shape, r.types).routed_expert_bytes;
+  r.gpu_mem = {GiB, GiB};
+  const int64_t all_in = make_plan(r).no_offload[0].vram_total();
+  r.gpu_mem = {all_in - 2 * eb, all_in - 30 * eb};  // the second GPU has 28 experts' less room
+  const PlanOutcome o = make_plan(r);
+  ASSERT_TRUE(o.fits) << o.refusal;
+  const Owned own = owned_by_gpu(o.plan);
+  int64_t vram[2] = {0, 0};
+  for (size_t l = 0; l < 8; ++l) {
+    EXPECT_LE(std::abs(own.host[l][0] - own.host[l][1]), 1) << "layer " << l;
+    vram[0] += own.vram[l][0], vram[1] += own.vram[l][1];
+  }
+  EXPECT_GT(vram[0], vram[1]);  // the larger GPU holds more of the VRAM experts
+  EXPECT_EQ(o.plan.host_experts(), 32);  // 128 experts, rooms for 62 + 34 in VRAM
+  for (const GpuPlan& g : o.plan.gpus) EXPECT_LE(g.vram_total(), g.budget) << "gpu" << g.gpu;
+}
+
+TEST(PlacementPlanner, ExpertParallelSplitsWhatDividesAndReplicatesTheRest) {
+  const ModelShape shape = small_shape(6, 16);  // 4 query / 2 KV heads of 64, hidden 256
+  PlanRequest r = request_for(shape);
+  r.types = parse_tensor_class_types("experts=q4_k,attention=q8_0");
+  const ModelBytes mb = account_weights(shape, r.types);
+  const int64_t kv_per_layer = make_plan(r).plan.kv_tokens * kv_bytes_per_token_per_layer(shape.spec, KvFormat::BF16);
+  r.gpu_mem = {GiB, GiB};
+  PlanOutcome o = make_plan(r);
+  ASSERT_TRUE(o.fits) << o.refusal;
+  EXPECT_TRUE(o.plan.split.attention);  // 2 heads of 64 = 128 columns of o each: whole Q8_0 blocks
+  EXPECT_TRUE(o.plan.split.vocab);
+  for (const GpuPlan& g : o.plan.gpus) {
+    EXPECT_EQ(g.weights[TensorClass::Attention], 6 * ((mb.layers[0].weights[TensorClass::Attention] + 1) / 2));
+    EXPECT_EQ(g.weights[TensorClass::Router], mb.total[TensorClass::Router]);  // replicated
+    EXPECT_EQ(g.kv, 6 * ((kv_per_layer + 1) / 2));
+    EXPECT_TRUE(g.lm_head);
+    EXPECT_EQ(g.weights[TensorClass::LmHead], (mb.total[TensorClass::LmHead] + 1) / 2);
+  }
+  // Three GPUs: 2 KV heads do not split; attention stays whole on each, and the report says why.
+  r.gpu_mem = {GiB, GiB, GiB};
+  o = make_plan(r);
+  ASSERT_TRUE(o.fits) << o.refusal;
+  EXPECT_FALSE(o.plan.split.attention);
+  for (const GpuPlan& g : o.plan.gpus) {
+    EXPECT_EQ(g.weights[TensorClass::Attention], mb.total[TensorClass::Attention]);
+    EXPECT_EQ(g.kv, 6 * kv_per_layer);
+  }
+  EXPECT_NE(format_fit_report(o).find("attention replicated: 4 query / 2 KV heads do not split over 3 GPUs"),
+            std::string::npos)
+      << format_fit_report(o);
+  // Replicated on request: everything but the experts on every GPU; the head on GPU 0 alone.
+  r.gpu_mem = {GiB, GiB};
+  r.attention = AttentionParallel::Replicated;
+  o = make_plan(r);
+  ASSERT_TRUE(o.fits) << o.refusal;
+  EXPECT_FALSE(o.plan.split.attention || o.plan.split.vocab);
+  EXPECT_TRUE(o.plan.gpus[0].lm_head);
+  EXPECT_FALSE(o.plan.gpus[1].lm_head);
+  EXPECT_EQ(o.plan.gpus[1].weights[TensorClass::Attention], mb.total[TensorClass::Attention]);
+}
+
+TEST(PlacementPlanner, ExpertParallelEstimateTakesEachLayersSlowestLink) {
+  const ModelShape shape = small_shape(8, 16);
+  PlanRequest r = request_for(shape);
+  r.min_host_fraction = 0.25;  // 4 of 16 per layer: 2 per GPU
+  r.gpu_mem = {GiB, GiB};
+  r.ceilings.host_read_gbps = 1e-3;  // host reads dominate every layer
+  const PlanOutcome o = make_plan(r);
+  ASSERT_TRUE(o.fits) << o.refusal;
+  const Plan& p = o.plan;
+  const double eb = double(p.bytes.routed_expert_bytes), host = r.ceilings.host_read_gbps * 1e9;
+  for (int64_t B : {1, 4}) {
+    const DecodeEstimate d = estimate_decode(p, o.request, B, 100);
+    // Each layer waits for the GPU whose host experts are touched most: computed from the owners.
+    double slowest = 0, one_link = 0;
+    for (const LayerPlan& l : p.layers) {
+      double g_bytes[2] = {0, 0};
+      for (int32_t e : l.host_experts)
+        g_bytes[l.owner[size_t(e)]] += (1 - std::pow(1 - p.usage[size_t(l.layer)][size_t(e)], double(B))) * eb;
+      slowest += std::max(g_bytes[0], g_bytes[1]);
+      one_link += g_bytes[0] + g_bytes[1];
+    }
+    EXPECT_NEAR(d.slowest_link_host_bytes_per_step, slowest, 1e-6 * slowest);
+    EXPECT_NEAR(d.host_bytes_per_step, one_link, 1e-6 * one_link);
+    EXPECT_NEAR(d.step_seconds, slowest / host, 1e-3 * slowest / host);  // VRAM reads are noise at this ceiling
+    EXPECT_LT(d.step_seconds, 0.6 * one_link / host);  // two links at once: about half of one link's time
+    EXPECT_EQ(d.allreduces_per_step, 2 * 8 + 2);        // attention and MLP per layer; embedding and head
+    const Ceilings& c = r.ceilings;
+    EXPECT_GE(d.expected_step_seconds, d.step_seconds + 8 * 1e-6 * (c.layer_overhead_us + 2 * c.allreduce_us));
+  }
 }
 
 }  // namespace

@@ -26,9 +26,9 @@ using namespace spill::placement;
 
 struct PlanArgs {
   std::string model, synthetic, quant, kv_format = "bf16", gpu_mem, gpu_reserve, host_mem, kv_mem, profile, out;
-  std::string host_experts, embedding = "auto", topo;
+  std::string host_experts, embedding = "auto", topo, parallel = "experts", attention = "tensor";
   int64_t max_model_len = 0, max_seqs = 0, max_batch_tokens = 2048, batch = 0, context = 0;
-  double hbm_gbps = 0, host_read_gbps = 0;
+  double hbm_gbps = 0, host_read_gbps = 0, allreduce_us = -1;
   bool no_offload = false, no_profile = false;
 };
 
@@ -96,7 +96,14 @@ void run_plan(const PlanArgs& a) {
   else if (a.embedding == "gpu") req.embedding = EmbeddingHome::Gpu;
   else if (a.embedding == "host") req.embedding = EmbeddingHome::Host;
   else fail("--embedding must be auto, gpu or host, got \"{}\"", a.embedding);
+  if (a.parallel == "experts") req.parallel = Parallelism::Experts;
+  else if (a.parallel == "layers") req.parallel = Parallelism::Layers;
+  else fail("--parallel must be experts or layers, got \"{}\"", a.parallel);
+  if (a.attention == "tensor") req.attention = AttentionParallel::Tensor;
+  else if (a.attention == "replicated") req.attention = AttentionParallel::Replicated;
+  else fail("--attention must be tensor or replicated, got \"{}\"", a.attention);
   if (!a.topo.empty()) read_topo_ceilings(a.topo, req.ceilings);
+  if (a.allreduce_us >= 0) req.ceilings.allreduce_us = a.allreduce_us;
   if (a.hbm_gbps > 0) req.ceilings.hbm_read_gbps = a.hbm_gbps;
   if (a.host_read_gbps > 0) req.ceilings.host_read_gbps = a.host_read_gbps;
   req.report_batch = a.batch;
@@ -154,6 +161,16 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--no-offload", a->no_offload, "every routed expert in VRAM, or refuse");
   cmd->add_option("--embedding", a->embedding, "home of the embedding table: auto (host when offloading), gpu or host")
       ->capture_default_str();
+  cmd->add_option("--parallel", a->parallel,
+                  "several GPUs: experts (each GPU a share of every layer's experts, read over its own link) or "
+                  "layers (contiguous layer ranges, one GPU after another)")
+      ->capture_default_str();
+  cmd->add_option("--attention", a->attention,
+                  "expert-parallel plans: tensor (attention with its KV, shared experts, dense MLPs, embedding and head "
+                  "split over the GPUs where the shapes divide) or replicated (on every GPU)")
+      ->capture_default_str();
+  cmd->add_option("--allreduce-us", a->allreduce_us,
+                  "latency of one decode all-reduce across the GPUs, for the expected speed (default 10, assumed)");
   cmd->add_option("--topo", a->topo, "bandwidth ceilings measured by spill topo --json FILE");
   cmd->add_option("--hbm-gbps", a->hbm_gbps, "HBM read ceiling in GB/s (default 4530, an H200)");
   cmd->add_option("--host-read-gbps", a->host_read_gbps, "in-place pinned host read ceiling in GB/s (default 50, PCIe Gen5 x16)");

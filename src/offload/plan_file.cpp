@@ -97,7 +97,8 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
   if (r.string(root, "", "format") != "spill-placement-plan")
     r.bad("format", "must be \"spill-placement-plan\", got " + describe_json(root["format"]));
   const int64_t version = r.integer(root, "", "version", 0, std::numeric_limits<int32_t>::max());
-  if (version != 1) r.bad("version", fmt::format("this spill reads version 1 plans, the file is version {}", version));
+  if (version != 1 && version != 2)
+    r.bad("version", fmt::format("this spill reads version 1 and 2 plans, the file is version {}", version));
 
   PlacementPlan p;
   p.where = where;
@@ -117,7 +118,17 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
   p.embedding_on_host = r.string(embedding, "embedding", "home") == "host";
   const int64_t embedding_bytes = r.integer(embedding, "embedding", "bytes", 0, kMaxBytes);
 
-  // GPUs: contiguous layer ranges in order, covering every layer once.
+  // Version 2: expert parallelism, every GPU in every layer.
+  p.expert_parallel = version == 2;
+  if (p.expert_parallel) {
+    const json& parallel = r.object(root, "", "parallel");
+    if (r.string(parallel, "parallel", "kind") != "experts")
+      r.bad("parallel.kind", "must be \"experts\" in a version 2 plan, got " + describe_json(parallel["kind"]));
+  } else if (root.contains("parallel")) {
+    r.bad("parallel", "belongs to version 2 plans; this one is version 1 (a layer split)");
+  }
+
+  // GPUs: contiguous layer ranges in order, covering every layer once (version 2: every GPU all of them).
   const json& gpus = r.array(root, "", "gpus");
   if (gpus.empty() || int64_t(gpus.size()) > limits.max_gpus)
     r.bad("gpus", fmt::format("must list 1 to {} GPUs, got {}", limits.max_gpus, gpus.size()));
@@ -133,6 +144,13 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
     if (range.size() != 2) r.bad(path + ".layers", "must be [first, end)");
     const int64_t first = r.integer(range[0], path + ".layers[0]", 0, p.n_layers);
     const int64_t end = r.integer(range[1], path + ".layers[1]", first, p.n_layers);
+    if (p.expert_parallel) {
+      if (first != 0 || end != p.n_layers)
+        r.bad(path + ".layers", fmt::format("is [{}, {}), but in an expert-parallel plan every GPU takes part in all {} "
+                                            "layers: [0, {})",
+                                            first, end, p.n_layers, p.n_layers));
+      continue;
+    }
     if (first != next_layer)
       r.bad(path + ".layers", fmt::format("starts at layer {}, but the layers before it end at {}: each GPU takes the "
                                           "next contiguous range",
@@ -140,7 +158,7 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
     next_layer = end;
     ranges.push_back({first, end});
   }
-  if (next_layer != p.n_layers)
+  if (!p.expert_parallel && next_layer != p.n_layers)
     r.bad("gpus", fmt::format("the GPUs' layer ranges end at layer {}, the model has {}", next_layer, p.n_layers));
 
   const json& layers = r.array(root, "", "layers");
@@ -156,13 +174,19 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
     PlannedLayer& pl = p.layers[size_t(l)];
     pl.layer = r.integer(j, path, "layer", 0, p.n_layers - 1);
     if (pl.layer != l) r.bad(path + ".layer", fmt::format("layers must be listed in order; expected {}, got {}", l, pl.layer));
-    pl.gpu = int(r.integer(j, path, "gpu", 0, p.n_gpus - 1));
-    const auto [first, end] = ranges[size_t(pl.gpu)];
-    if (l < first || l >= end)
-      r.bad(path + ".gpu", fmt::format("is {}, but gpus[{}].layers is [{}, {})", pl.gpu, pl.gpu, first, end));
+    if (p.expert_parallel) {
+      if (j.contains("gpu"))
+        r.bad(path + ".gpu", "an expert-parallel layer belongs to every GPU; its experts' GPUs are in owners");
+      pl.gpu = -1;
+    } else {
+      pl.gpu = int(r.integer(j, path, "gpu", 0, p.n_gpus - 1));
+      const auto [first, end] = ranges[size_t(pl.gpu)];
+      if (l < first || l >= end)
+        r.bad(path + ".gpu", fmt::format("is {}, but gpus[{}].layers is [{}, {})", pl.gpu, pl.gpu, first, end));
+    }
     pl.moe = r.boolean(j, path, "moe");
     if (!pl.moe) {
-      for (const char* key : {"experts", "expert_bytes", "host"})
+      for (const char* key : {"experts", "expert_bytes", "host", "owners"})
         if (j.contains(key)) r.bad(path + "." + key, "a dense layer (moe false) has no routed experts");
       continue;
     }
@@ -187,6 +211,16 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
         r.bad(at, fmt::format("is {} after {}: host experts must be listed in ascending order, each once", e, pl.host.back()));
       pl.host.push_back(int32_t(e));
     }
+    if (!p.expert_parallel) {
+      if (j.contains("owners")) r.bad(path + ".owners", "belongs to version 2 (expert-parallel) plans");
+      continue;
+    }
+    const json& owners = r.array(j, path, "owners");
+    if (int64_t(owners.size()) != pl.experts)
+      r.bad(path + ".owners", fmt::format("lists {} GPUs, one per expert of the layer's {}", owners.size(), pl.experts));
+    pl.owners.reserve(owners.size());
+    for (size_t e = 0; e < owners.size(); ++e)
+      pl.owners.push_back(int32_t(r.integer(owners[e], fmt::format("{}.owners[{}]", path, e), 0, p.n_gpus - 1)));
   }
   if (any_moe && p.moe_intermediate_size == 0) r.bad("model.moe_intermediate_size", "must be positive for a MoE model");
   if (any_moe && max_layer_expert_bytes != p.routed_expert_bytes)

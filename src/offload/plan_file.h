@@ -1,5 +1,5 @@
 // Reading a placement plan (the JSON `spill plan --out` writes, format "spill-placement-plan"
-// version 1, docs/placement.md) for the runtime that executes it: per layer, the GPU that owns it
+// version 1 for a layer split, 2 for expert parallelism, docs/placement.md) for the runtime that executes it: per layer, the GPU that owns it
 // and the routed experts that live in host RAM. A plan is a file a user may edit, so it is
 // untrusted input: every field the runtime uses is checked (type, range, order, consistency with
 // the plan's own totals), and each failure names the file and the field (`layers[3].host[2]`).
@@ -16,11 +16,14 @@ namespace spill::offload {
 
 struct PlannedLayer {
   int64_t layer = 0;
-  int gpu = 0;                 // the GPU that owns the layer and reads its host experts
+  int gpu = 0;                 // the GPU that owns the layer and reads its host experts; -1: expert-parallel
   bool moe = false;
   int64_t experts = 0;         // routed experts (0 for a dense layer)
   int64_t expert_bytes = 0;    // bytes of one routed expert (gate + up + down, scales included)
   std::vector<int32_t> host{};  // experts in host RAM, strictly ascending; the rest are in VRAM
+  // Expert-parallel plans (version 2): owners[e] is the GPU holding expert e (in its VRAM, or in
+  // host RAM it reads over its own link). Empty for a layer split.
+  std::vector<int32_t> owners{};
 };
 
 struct PlacementPlan {
@@ -31,6 +34,7 @@ struct PlacementPlan {
   int64_t host_experts = 0, host_bytes = 0;  // the plan's totals (experts, plus the embedding when on host)
   bool embedding_on_host = false;
   int n_gpus = 0;
+  bool expert_parallel = false;  // version 2: every GPU takes part in every layer (docs/placement.md)
   std::vector<PlannedLayer> layers;  // layers[l].layer == l
 
   int64_t host_expert_count() const;           // sum of the host lists

@@ -105,6 +105,25 @@ std::string format_fit_report(const PlanOutcome& o) {
 
   out += fmt::format("\nwith the plan (usage: {}):\n", p.usage_source);
   gpu_table(out, p.gpus, true, unit);
+  if (p.parallel == Parallelism::Experts) {
+    // Per layer, the spread of host experts over the GPUs: the slowest link sets a layer's time.
+    int64_t spread_max = 0;
+    for (const LayerPlan& l : p.layers) {
+      if (!l.moe) continue;
+      std::vector<int64_t> per_gpu(p.gpus.size(), 0);
+      for (int32_t e : l.host_experts) ++per_gpu[size_t(l.owner[size_t(e)])];
+      spread_max = std::max(spread_max, *std::max_element(per_gpu.begin(), per_gpu.end()) -
+                                            *std::min_element(per_gpu.begin(), per_gpu.end()));
+    }
+    auto yes = [](bool b) { return b ? "split" : "replicated"; };
+    out += fmt::format("  expert parallel over {} GPUs: every GPU holds a share of each layer's routed experts and reads "
+                       "its host ones over its own link (host experts of a layer differ by at most {} between GPUs); "
+                       "attention and KV {}, shared experts {}, dense MLPs {}, embedding and head {}; router and norms "
+                       "replicated\n",
+                       p.gpus.size(), spread_max, yes(p.split.attention), yes(p.split.shared), yes(p.split.dense),
+                       yes(p.split.vocab));
+    for (const std::string& n : p.split.notes) out += fmt::format("  note: {}\n", n);
+  }
   int64_t min_h = std::numeric_limits<int64_t>::max(), max_h = 0, n_moe = 0;
   for (const LayerPlan& l : p.layers) {
     if (!l.moe) continue;
@@ -127,6 +146,10 @@ std::string format_fit_report(const PlanOutcome& o) {
                      r.ceilings.hbm_read_gbps, r.ceilings.host_read_gbps, r.report_context,
                      std::min(r.ceilings.decode_vram_gbps, r.ceilings.hbm_read_gbps), r.ceilings.layer_overhead_us,
                      r.ceilings.layer_overhead_us_per_token);
+  if (p.parallel == Parallelism::Experts)
+    out += fmt::format("  expert parallel: a layer takes as long as its slowest GPU, plus its all-reduces at {:.1f} us "
+                       "each (assumed, --allreduce-us; spill has not measured one yet)\n",
+                       r.ceilings.allreduce_us);
   out += fmt::format("  {:>6}{:>18}{:>20}{:>18}{:>12}{:>16}{:>14}{:>14}{:>16}\n", "batch", "host MiB/token",
                      "host experts/step", "VRAM GiB/step", "bound ms", "bound tok/s", "tok/s total", "expected ms",
                      "expected tok/s");

@@ -3,9 +3,17 @@
 // embedding is read a row per token, so host RAM is a good home; the LM head is read whole every
 // step and stays on a GPU). Pure host code: it decides, a runner executes.
 //
-// Multi-GPU: layers are split into contiguous ranges, one per GPU (the step runs through them in
-// order); the embedding belongs to the first GPU (or host), the head to the last. Host experts of a
-// layer are read in place by the GPU that owns the layer, over its own PCIe link.
+// Several GPUs, two ways (Parallelism):
+// - Experts (the default): every GPU takes part in every layer. Each owns a share of each layer's
+//   routed experts, in its VRAM or in host RAM it reads in place over its own PCIe link, so all
+//   links work on every layer at once; the shares are balanced per layer (the slowest link sets
+//   the step time). Attention with its KV, shared experts and dense MLPs are split by heads / by
+//   width over the GPUs (AttentionParallel::Tensor) where the shapes divide, or replicated; router
+//   and norms are replicated; embedding and head are split by vocabulary rows. All-reduces join the
+//   GPUs' partial sums (two per layer split by tensor, one replicated).
+// - Layers: contiguous layer ranges, one per GPU (the step runs through them in order); the
+//   embedding belongs to the first GPU (or host), the head to the last. Host experts of a layer
+//   are read in place by the GPU that owns the layer, over its own PCIe link.
 //
 // Deterministic: the same request gives the same plan, byte for byte (ties go to the lower layer
 // and expert id).
@@ -37,7 +45,14 @@ struct Ceilings {
   double decode_vram_gbps = 1521.0;
   double layer_overhead_us = 25.1;
   double layer_overhead_us_per_token = 2.66;
+  // One all-reduce of a decode step's hidden rows (a few KiB) across the GPUs of an expert-parallel
+  // plan, in a CUDA graph over NVLink. Assumed (NCCL's small-message latency), not yet measured by
+  // spill: `--allreduce-us` replaces it.
+  double allreduce_us = 10.0;
 };
+
+enum class Parallelism { Experts, Layers };
+enum class AttentionParallel { Tensor, Replicated };
 
 enum class EmbeddingHome { Auto, Gpu, Host };  // Auto: host RAM when anything must be offloaded
 
@@ -62,6 +77,9 @@ struct PlanRequest {
   bool allow_offload = true;      // false: every routed expert in VRAM, or refuse
   double min_host_fraction = 0;   // at least this share of the routed experts in host RAM
   std::optional<RoutingProfile> profile{};  // none: uniform routing
+  // Several GPUs: how they share the model (one GPU: the same plan either way).
+  Parallelism parallel = Parallelism::Experts;
+  AttentionParallel attention = AttentionParallel::Tensor;
   std::string profile_source{};             // for the report
   Ceilings ceilings{};
   int64_t report_batch = 0;    // B of the batch figures; 0: max_seqs (at least 1)
@@ -71,8 +89,8 @@ struct PlanRequest {
 struct GpuPlan {
   int gpu = 0;
   int64_t budget = 0;  // gpu_mem of this GPU
-  int64_t first_layer = 0, n_layers = 0;
-  bool embedding = false, lm_head = false;
+  int64_t first_layer = 0, n_layers = 0;  // expert-parallel: every layer
+  bool embedding = false, lm_head = false;  // holds the embedding / head (expert-parallel: its rows' share)
   ClassBytes weights;  // in this GPU's VRAM, by class
   int64_t kv = 0, workspace = 0, reserve = 0;
   int64_t host_experts = 0;  // routed experts of its layers in host RAM
@@ -83,9 +101,22 @@ struct GpuPlan {
 
 struct LayerPlan {
   int64_t layer = 0;
-  int gpu = 0;  // the GPU that owns the layer and reads its host experts
+  int gpu = 0;  // the GPU that owns the layer and reads its host experts; -1: expert-parallel (every GPU)
   bool moe = false;
   std::vector<int32_t> host_experts{};  // ids in host RAM, ascending; every other expert is in VRAM
+  // Expert-parallel: owner[e] is the GPU that holds routed expert e, in its VRAM or in host RAM it
+  // reads over its own link. Empty for a layer split.
+  std::vector<int32_t> owner{};
+};
+
+// How an expert-parallel plan splits the non-expert parts (each true: split over the GPUs; false:
+// replicated on every GPU).
+struct TensorSplit {
+  bool attention = false;  // q/k/v/o by heads, with the KV cache's heads
+  bool shared = false;     // shared experts by width
+  bool dense = false;      // dense MLPs by width
+  bool vocab = false;      // embedding and head by vocabulary rows
+  std::vector<std::string> notes{};  // why a part stays replicated
 };
 
 struct Plan {
@@ -103,6 +134,8 @@ struct Plan {
   int64_t max_model_len = 0, max_seqs = 0;  // as resolved
   int64_t workspace_per_gpu = 0;
   bool embedding_on_host = false;
+  Parallelism parallel = Parallelism::Layers;  // as planned: Layers for one GPU
+  TensorSplit split{};                         // expert-parallel only
   std::vector<GpuPlan> gpus;
   std::vector<LayerPlan> layers;
   std::vector<std::vector<double>> usage;  // [layer][expert]: share of tokens routed there
@@ -142,8 +175,13 @@ struct DecodeEstimate {
   // What the CUDA runner is expected to take: per layer VRAM/HBM + host/PCIe + the layer overhead
   // (the host reads of a layer start only once its router has run, after the layer's attention, so
   // they add to the layer's chain rather than hide under it).
+  // Expert-parallel, a layer: each GPU reads its own share (its weights' part, its experts) at once,
+  // so the slowest GPU sets the layer's time, and the step adds its all-reduces at allreduce_us.
+  // The byte totals above are summed over the GPUs.
   double expected_step_seconds = 0;
   double expected_tokens_per_s_per_stream = 0;
+  int64_t allreduces_per_step = 0;
+  double slowest_link_host_bytes_per_step = 0;  // the host bytes of the GPU that reads most, summed over layers
 };
 DecodeEstimate estimate_decode(const Plan& plan, const PlanRequest& request, int64_t batch, int64_t context);
 

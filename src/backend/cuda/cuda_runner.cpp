@@ -692,6 +692,10 @@ void CudaRunner::prepare_staging() {
 
 void CudaRunner::place_experts(const Model& model) {
   const offload::PlacementPlan& plan = *config_.expert_plan;
+  if (plan.expert_parallel)
+    fail("CUDA runner: {} spreads every layer's experts over {} GPUs (expert parallelism); one runner holds a whole "
+         "model on one GPU (plan for one GPU: spill plan --gpu-mem SIZE)",
+         plan.where, plan.n_gpus);
   for (const offload::PlannedLayer& pl : plan.layers)
     if (pl.gpu != 0)
       fail("CUDA runner: {} puts layer {} on GPU {}; one runner holds a whole model on one GPU (plan for one GPU)",
