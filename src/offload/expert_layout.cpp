@@ -68,6 +68,10 @@ SpanLayout span_layout(const MoeLayerSource& l) {
 StoreLayout layout_experts(const PlacementPlan& plan, const ExpertSources& src, const std::vector<MappedRegion>& regions,
                            const LayoutOptions& opt) {
   if (opt.page == 0 || (opt.page & (opt.page - 1)) != 0) fail("layout_experts: page size {} is not a power of two", opt.page);
+  if (plan.expert_parallel)
+    fail("{}: an expert-parallel plan (version 2) spreads each layer's experts over {} GPUs; the expert store lays out "
+         "the layers of one GPU of a layer split (plan with --parallel layers, or for one GPU)",
+         plan.where, plan.n_gpus);
   StoreLayout out;
   std::vector<AddressRange> covers;
   for (size_t i = 0; i < src.moe_layers.size(); ++i) {

@@ -116,12 +116,13 @@ std::string format_fit_report(const PlanOutcome& o) {
                                             *std::min_element(per_gpu.begin(), per_gpu.end()));
     }
     auto yes = [](bool b) { return b ? "split" : "replicated"; };
+    auto part = [&](TensorClass c, bool split) { return mb.total[c] == 0 ? "none" : yes(split); };
     out += fmt::format("  expert parallel over {} GPUs: every GPU holds a share of each layer's routed experts and reads "
                        "its host ones over its own link (host experts of a layer differ by at most {} between GPUs); "
                        "attention and KV {}, shared experts {}, dense MLPs {}, embedding and head {}; router and norms "
                        "replicated\n",
-                       p.gpus.size(), spread_max, yes(p.split.attention), yes(p.split.shared), yes(p.split.dense),
-                       yes(p.split.vocab));
+                       p.gpus.size(), spread_max, yes(p.split.attention), part(TensorClass::SharedExperts, p.split.shared),
+                       part(TensorClass::DenseMlp, p.split.dense), yes(p.split.vocab));
     for (const std::string& n : p.split.notes) out += fmt::format("  note: {}\n", n);
   }
   int64_t min_h = std::numeric_limits<int64_t>::max(), max_h = 0, n_moe = 0;
