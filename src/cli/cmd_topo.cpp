@@ -2,6 +2,7 @@
 // CPU affinity and NVLink), and on CUDA builds a two-second measurement of each GPU's HBM read
 // bandwidth and in-place read bandwidth from pinned host memory. Without a GPU it answers for the
 // CPU side and exits 0.
+#include <fmt/format.h>
 #include <numa.h>
 
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "placement/topology.h"
 #ifdef SPILL_HAVE_CUDA
 #include "backend/cuda/bandwidth.h"
+#include "backend/cuda/collectives.h"
 #endif
 
 namespace spill::cli {
@@ -73,6 +75,9 @@ void run_topo(const TopoArgs& a) {
     g->host_read_gbps = r.host_read_gbps;
   }
   if (n == 0 && !a.no_measure) topo.gpu_source += "; no CUDA device visible, bandwidth not measured";
+  const cuda::NcclInfo nccl = cuda::nccl_info();
+  topo.collectives_ok = nccl.ok;
+  topo.collectives = nccl.ok ? fmt::format("NCCL {} ({})", nccl.version, nccl.path) : "none: " + nccl.why;
 #else
   topo.gpu_source += "; built without CUDA, bandwidth not measured";
 #endif

@@ -236,6 +236,9 @@ void check_topology(Topology& t, const std::vector<int64_t>& host_bytes_per_gpu)
   if (total_share > 0 && !t.nodes.empty() && total_free < total_share)
     t.warnings.push_back(fmt::format("the plan's host share is {:.1f} GiB but the NUMA nodes have {:.1f} GiB free in all",
                                      double(total_share) / double(int64_t(1) << 30), double(total_free) / double(int64_t(1) << 30)));
+  if (t.gpus.size() > 1 && !t.collectives.empty() && !t.collectives_ok)
+    t.warnings.push_back(fmt::format("{} GPUs but no NCCL ({}): plans over several GPUs need it", t.gpus.size(),
+                                     t.collectives));
   if (host_bytes_per_gpu.size() > t.gpus.size())
     t.warnings.push_back(fmt::format("the plan names {} GPUs but {} are visible", host_bytes_per_gpu.size(), t.gpus.size()));
 }
@@ -264,6 +267,7 @@ std::string format_topology(const Topology& t) {
       if (!g.nvlink_peers.empty()) out += fmt::format("    NVLink to {}\n", fmt::join(g.nvlink_peers, ", "));
     }
   }
+  if (!t.collectives.empty()) out += fmt::format("collectives: {}\n", t.collectives);
   for (const std::string& w : t.warnings) out += "warning: " + w + "\n";
   return out;
 }
@@ -282,7 +286,8 @@ std::string topology_to_json(const Topology& t) {
                     {"nvlinks_active", g.nvlinks_active}, {"nvlink_peers", g.nvlink_peers},
                     {"hbm_read_gbps", g.hbm_read_gbps},  {"host_read_gbps", g.host_read_gbps}});
   nlohmann::ordered_json root = {{"format", "spill-topology"}, {"version", 1}, {"numa_nodes", nodes},
-                                 {"gpus", gpus},               {"gpu_source", t.gpu_source}, {"warnings", t.warnings}};
+                                 {"gpus", gpus},               {"gpu_source", t.gpu_source},
+                                 {"collectives", t.collectives}, {"warnings", t.warnings}};
   return root.dump(1) + "\n";
 }
 

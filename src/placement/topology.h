@@ -41,6 +41,10 @@ struct Topology {
   std::vector<NumaNode> nodes;
   std::vector<GpuTopology> gpus;
   std::string gpu_source;             // where the GPU details came from, or why there are none
+  // NCCL for plans over several GPUs: "NCCL 2.28.3 (libnccl.so.2)", or why there is none ("" when
+  // not looked for: a build without CUDA).
+  std::string collectives;
+  bool collectives_ok = false;
   std::vector<std::string> warnings;  // filled by check_topology
 };
 
