@@ -63,6 +63,57 @@ TEST(PlacementCli, PlanFlagErrorsAreClear) {
   auto [c, t3] = run_command(spill_bin() + " plan --synthetic /nonexistent.json --gpu-mem 80G");
   EXPECT_EQ(c, 1);
   EXPECT_NE(t3.find("/nonexistent.json"), std::string::npos) << t3;
+  auto [d, t4] = run_command(spill_bin() + kSeedArgs + " --parallel pipeline");
+  EXPECT_EQ(d, 1);
+  EXPECT_NE(t4.find("--parallel must be experts or layers"), std::string::npos) << t4;
+  auto [e, t5] = run_command(spill_bin() + kSeedArgs + " --usage zipf:-1");
+  EXPECT_EQ(e, 1);
+  EXPECT_NE(t5.find("--usage 'zipf:-1': expected zipf:S"), std::string::npos) << t5;
+  auto [f, t6] = run_command(spill_bin() + kSeedArgs + " --usage zipf:1 --profile p.json");
+  EXPECT_EQ(f, 1);
+  EXPECT_NE(t6.find("not both"), std::string::npos) << t6;
+}
+
+// Two GPUs share every layer (the default): the plan says so, each GPU lists every layer and each
+// MoE layer's owners; --parallel layers gives the version 1 split. An assumed skew moves the
+// least-used experts to host RAM, so a token reads fewer host bytes than under uniform routing.
+TEST(PlacementCli, PlanSpreadsExpertsOverTwoGpusAndTakesAnAssumedSkew) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  const fs::path out = temp("spill_plan_ep_");
+  auto [rc, report] = run_command(spill_bin() + kSeedArgs + " --host-experts 30% --out " + out.string());
+  ASSERT_EQ(rc, 0) << report;
+  EXPECT_NE(report.find("expert parallel over 2 GPUs"), std::string::npos) << report;
+  EXPECT_NE(report.find("shared experts replicated: a width of 2304"), std::string::npos) << report;
+  std::ifstream in(out);
+  const nlohmann::json plan = nlohmann::json::parse(in);
+  in.close();
+  EXPECT_EQ(plan["version"], 2);
+  EXPECT_EQ(plan["parallel"]["kind"], "experts");
+  for (const auto& g : plan["gpus"]) EXPECT_EQ(g["layers"], nlohmann::json({0, 40}));
+  for (const auto& l : plan["layers"]) {
+    ASSERT_EQ(l["owners"].size(), 384u);
+    EXPECT_FALSE(l.contains("gpu"));
+  }
+  auto [rc2, layers] = run_command(spill_bin() + kSeedArgs + " --host-experts 30% --parallel layers --out " + out.string());
+  ASSERT_EQ(rc2, 0) << layers;
+  std::ifstream in2(out);
+  const nlohmann::json split = nlohmann::json::parse(in2);
+  fs::remove(out);
+  EXPECT_EQ(split["version"], 1);
+  EXPECT_EQ(split["gpus"][1]["layers"], nlohmann::json({20, 40}));
+
+  // host MiB/token at batch 1: the first figure of the batch-1 row of the decode table.
+  auto host_mib_at_b1 = [](const std::string& text) {
+    const size_t at = text.find("\n       1 ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + 9));
+  };
+  auto [rc3, skewed] = run_command(spill_bin() + kSeedArgs + " --host-experts 30% --usage zipf:0.7");
+  ASSERT_EQ(rc3, 0) << skewed;
+  EXPECT_NE(skewed.find("usage: assumed, --usage zipf:0.7"), std::string::npos) << skewed;
+  const double uniform_mib = host_mib_at_b1(report), skewed_mib = host_mib_at_b1(skewed);
+  ASSERT_GT(uniform_mib, 0) << report;
+  ASSERT_GT(skewed_mib, 0) << skewed;
+  EXPECT_LT(skewed_mib, 0.5 * uniform_mib);  // the host experts take ~12% of routings instead of 30%
 }
 
 TEST(PlacementCli, TopoAnswersWithoutAGpu) {

@@ -3,7 +3,10 @@
 // direct tally of the router over each whole sequence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 
 #include "core/error.h"
@@ -26,6 +29,42 @@ ModelSpec small_spec() {
       "norm_topk_prob": true, "eos_token_id": 1})",
                                  "small");
   return s;
+}
+
+// The assumed zipf profile: every token routes to top_k experts in all, no expert above every
+// token, exponent 0 uniform, shares ordered by a per-layer shuffle, the same for the same seed.
+TEST(PlacementProfile, ZipfProfileRoutesTopKPerTokenWithTheLawsShares) {
+  ModelSpec spec;
+  spec.n_layers = 3;
+  spec.n_experts = 384;
+  spec.n_experts_per_token = 6;
+  spec.layer_is_moe = {true, false, true};
+  for (double S : {0.0, 0.7, 1.2, 3.0}) {
+    const RoutingProfile p = zipf_profile(spec, S, 7);
+    EXPECT_FALSE(p.layers[1].moe);
+    for (int64_t l : {0, 2}) {
+      std::vector<double> u;
+      double sum = 0;
+      for (int64_t e = 0; e < 384; ++e) u.push_back(p.usage(l, e)), sum += u.back();
+      EXPECT_NEAR(sum, 6.0, 384 * 1e-6) << "S " << S;  // counts rounded to 1e-6 of a token each
+      std::sort(u.begin(), u.end(), std::greater<>());
+      EXPECT_LE(u[0], 1.0);
+      if (S == 0.0) EXPECT_NEAR(u[383], 6.0 / 384, 1e-6);
+      // Below the experts every token takes, the shares follow r^-S: rank 100 against rank 200, to
+      // the rounding of each count to a whole token of 1e6 (half a token each, relative).
+      const double ratio = std::pow(200.0 / 100.0, S);
+      if (u[99] < 1.0) EXPECT_NEAR(u[99] / u[199], ratio, ratio * (0.5e-6 / u[99] + 0.5e-6 / u[199])) << "S " << S;
+    }
+    if (S > 0) EXPECT_NE(p.layers[0].decode, p.layers[2].decode);  // each layer its own ranking
+    EXPECT_EQ(zipf_profile(spec, S, 7).layers[2].decode, p.layers[2].decode);
+  }
+  // At S = 3 the head of the law is capped: the first experts take every token.
+  const RoutingProfile steep = zipf_profile(spec, 3.0, 7);
+  int64_t full = 0;
+  for (int64_t e = 0; e < 384; ++e) full += steep.usage(0, e) == 1.0;
+  EXPECT_GE(full, 1);
+  EXPECT_THROW(zipf_profile(spec, -0.5), Error);
+  EXPECT_THROW(zipf_profile(spec, 11.0), Error);
 }
 
 TEST(PlacementProfile, RecorderSplitsPrefillAndDecodeAndCountsCoactivation) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -26,7 +27,7 @@ using namespace spill::placement;
 
 struct PlanArgs {
   std::string model, synthetic, quant, kv_format = "bf16", gpu_mem, gpu_reserve, host_mem, kv_mem, profile, out;
-  std::string host_experts, embedding = "auto", topo, parallel = "experts", attention = "tensor";
+  std::string host_experts, embedding = "auto", topo, parallel = "experts", attention = "tensor", usage;
   int64_t max_model_len = 0, max_seqs = 0, max_batch_tokens = 2048, batch = 0, context = 0;
   double hbm_gbps = 0, host_read_gbps = 0, allreduce_us = -1;
   bool no_offload = false, no_profile = false;
@@ -109,7 +110,23 @@ void run_plan(const PlanArgs& a) {
   req.report_batch = a.batch;
   req.report_context = a.context;
 
-  std::string profile_path = a.profile;
+  if (!a.usage.empty()) {
+    if (!a.profile.empty()) fail("give --profile (measured routing) or --usage (assumed routing), not both");
+    double exponent = -1;
+    size_t used = 0;
+    if (a.usage.rfind("zipf:", 0) == 0) {
+      try {
+        exponent = std::stod(a.usage.substr(5), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+    }
+    if (used == 0 || 5 + used != a.usage.size() || !(exponent >= 0 && exponent <= 10))
+      fail("--usage '{}': expected zipf:S with an exponent S between 0 and 10 (e.g. zipf:0.7)", a.usage);
+    req.profile = zipf_profile(req.shape.spec, exponent);
+    req.profile_source = fmt::format("assumed, --usage {}", a.usage);
+  }
+  std::string profile_path = a.usage.empty() ? a.profile : std::string();
   if (profile_path.empty() && !model_dir.empty() && !a.no_profile &&
       std::filesystem::exists(std::filesystem::path(model_dir) / "routing_profile.json"))
     profile_path = (std::filesystem::path(model_dir) / "routing_profile.json").string();
@@ -157,6 +174,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--profile", a->profile,
                   "routing profile from spill profile (default: <model>/routing_profile.json when present, else uniform)");
   cmd->add_flag("--no-profile", a->no_profile, "plan as if routing were uniform even when the model ships a profile");
+  cmd->add_option("--usage", a->usage,
+                  "assumed routing instead of a measured profile: zipf:S, the share of rank r (a seeded shuffle per "
+                  "layer) proportional to r^-S; zipf:0 is uniform");
   cmd->add_option("--host-experts", a->host_experts, "at least this share of routed experts in host RAM, e.g. 30%");
   cmd->add_flag("--no-offload", a->no_offload, "every routed expert in VRAM, or refuse");
   cmd->add_option("--embedding", a->embedding, "home of the embedding table: auto (host when offloading), gpu or host")

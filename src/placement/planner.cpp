@@ -482,7 +482,9 @@ PlanOutcome make_plan(PlanRequest req) {
   // Usage per (layer, expert) and each layer's experts from least to most used.
   plan.usage.assign(L, {});
   std::vector<std::vector<int32_t>> order(L);
-  plan.usage_source = req.profile ? "profile " + req.profile_source : "uniform (no profile)";
+  plan.usage_source = !req.profile                     ? "uniform (no profile)"
+                      : req.profile->model == "assumed" ? req.profile_source  // zipf_profile: says it is assumed
+                                                        : "profile " + req.profile_source;
   for (size_t l = 0; l < L; ++l) {
     if (!s.layer_is_moe[l] || E == 0) continue;
     plan.usage[l].resize(size_t(E));

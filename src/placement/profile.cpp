@@ -1,10 +1,14 @@
 #include "placement/profile.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
@@ -27,6 +31,42 @@ RoutingProfile RoutingProfile::empty_for(const ModelSpec& spec) {
     lr.prefill.assign(size_t(spec.n_experts), 0);
     lr.decode.assign(size_t(spec.n_experts), 0);
     lr.coactivation.assign(size_t(spec.n_experts * spec.n_experts), 0);
+  }
+  return p;
+}
+
+RoutingProfile zipf_profile(const ModelSpec& spec, double exponent, uint64_t seed) {
+  if (!(exponent >= 0 && exponent <= 10)) fail("zipf routing: the exponent must be between 0 and 10, got {}", exponent);
+  RoutingProfile p = RoutingProfile::empty_for(spec);
+  p.model = "assumed";
+  p.source = fmt::format("zipf:{} (seed {})", exponent, seed);
+  const int64_t E = spec.n_experts, k = spec.n_experts_per_token;
+  if (E <= 0 || k <= 0 || k > E) return p;
+  // Shares min(1, c w_r): c by bisection so that they sum to k (the sum grows with c, and reaches E >= k).
+  std::vector<double> w(static_cast<size_t>(E));
+  for (int64_t r = 0; r < E; ++r) w[size_t(r)] = std::pow(double(r + 1), -exponent);
+  auto total = [&](double c) {
+    double t = 0;
+    for (double x : w) t += std::min(1.0, c * x);
+    return t;
+  };
+  double lo = 0, hi = 1;
+  while (total(hi) < double(k)) hi *= 2;  // ends: at c >= E^exponent every share is 1
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (total(mid) < double(k) ? lo : hi) = mid;
+  }
+  constexpr int64_t kTokens = 1'000'000;  // counts per layer, so that usage() is the share to 1e-6
+  std::mt19937_64 rng(seed);
+  for (int64_t l = 0; l < spec.n_layers; ++l) {
+    LayerRouting& lr = p.layers[size_t(l)];
+    if (!lr.moe) continue;
+    std::vector<int32_t> rank_of(static_cast<size_t>(E));
+    std::iota(rank_of.begin(), rank_of.end(), 0);
+    std::shuffle(rank_of.begin(), rank_of.end(), rng);
+    for (int64_t e = 0; e < E; ++e)
+      lr.decode[size_t(e)] = std::llround(double(kTokens) * std::min(1.0, hi * w[size_t(rank_of[size_t(e)])]));
+    lr.decode_tokens = kTokens;
   }
   return p;
 }

@@ -44,6 +44,14 @@ struct RoutingProfile {
   void merge(const RoutingProfile& other);
 };
 
+// An assumed profile, for planning before any traffic was measured: in every MoE layer the experts
+// are ranked by a seeded shuffle and the share of tokens routed to rank r (1-based) is
+// min(1, c r^-exponent), c chosen so that each token routes to top_k experts in all (water-filled:
+// no expert takes more than every token). exponent 0 is uniform routing. It is the law that a
+// synthetic model's --routing-skew zipf:S biases the router toward, but that model's measured
+// routing (top-k of noisy logits) is not exactly it: a profile recorded with spill profile is.
+RoutingProfile zipf_profile(const ModelSpec& spec, double exponent, uint64_t seed = 1);
+
 // The JSON form (format "spill-routing-profile", version 1; docs/placement.md).
 std::string profile_to_json(const RoutingProfile& profile);
 RoutingProfile parse_profile_json(const std::string& text, const std::string& where);
