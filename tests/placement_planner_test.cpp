@@ -442,5 +442,24 @@ TEST(PlacementPlanner, ExpertParallelEstimateTakesEachLayersSlowestLink) {
   }
 }
 
+TEST(PlacementPlanner, ExpertParallelRefusesWhenWhatEveryGpuHoldsIsAlreadyOverBudget) {
+  const ModelShape shape = small_shape();  // 2 KV heads: over 3 GPUs the KV is replicated
+  PlanRequest r = request_for(shape);
+  r.max_seqs = 8;
+  r.max_model_len = 4096;
+  const int64_t kv = 8 * 4096 * kv_bytes_per_token(shape.spec, KvFormat::BF16);
+  r.gpu_mem = {kv / 2, kv / 2, kv / 2};
+  const std::string why = refusal_of(r);
+  EXPECT_NE(why.find("does not fit even with every routed expert in host RAM"), std::string::npos) << why;
+  EXPECT_NE(why.find("Expert parallel: attention replicated: 4 query / 2 KV heads do not split over 3 GPUs"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("--kv-format fp8"), std::string::npos) << why;
+  // Over two GPUs the KV splits, half on each, and the same budget fits.
+  r.gpu_mem = {kv / 2 + GiB / 4, kv / 2 + GiB / 4};
+  const PlanOutcome o = make_plan(r);
+  EXPECT_TRUE(o.fits) << o.refusal;
+}
+
 }  // namespace
 }  // namespace spill::placement

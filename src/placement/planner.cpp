@@ -291,6 +291,9 @@ std::optional<ExpertCounts> count_experts(const ModelBytes& mb, const std::vecto
   const size_t L = experts_in.size(), G = rooms.size();
   ExpertCounts c{.host = std::vector<std::vector<int64_t>>(L, std::vector<int64_t>(G, 0)),
                  .vram = std::vector<std::vector<int64_t>>(L, std::vector<int64_t>(G, 0))};
+  if (!ignore_room)
+    for (int64_t r : rooms)
+      if (r < 0) return std::nullopt;  // the GPU's share without experts is already over its budget
   std::vector<int64_t> left = rooms;
   size_t host_turn = 0, vram_turn = 0;
   for (size_t l = 0; l < L; ++l) {
@@ -392,7 +395,9 @@ std::optional<std::string> plan_expert_parallel(const PlanRequest& req, PlanOutc
   const int64_t most = req.allow_offload ? total_experts : forced;
   if (!fits(most)) {
     const ExpertCounts at_most = *count_experts(mb, experts_in, host_counts(most), rooms, true);
-    return refusal_message(req, plan, with_experts(base, at_most), out.no_offload, kv_layer);
+    std::string why = refusal_message(req, plan, with_experts(base, at_most), out.no_offload, kv_layer);
+    for (const std::string& n : plan.split.notes) why += fmt::format(" (Expert parallel: {}.)", n);
+    return why;
   }
   int64_t lo = forced, hi = most;  // fits(hi); bisection to the first n that fits
   while (lo < hi) {
