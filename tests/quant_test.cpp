@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "formats/npy.h"
+#include "quant/blocks.h"
 #include "quant/quant.h"
 
 namespace {
@@ -398,6 +399,38 @@ double weighted_sq_error(DType t, const std::vector<float>& x, const std::vector
   return e;
 }
 
+// Q8_0: ggml's scale, amax / 127 stored as f16, and every weight at the level nearest to it at the
+// stored scale: no weight ends further from its value than ggml's rounding against the unrounded
+// scale puts it (quantize_row_q8_0_ref, written out here), and the largest weight is never clipped
+// by more than the f16 rounding of the scale.
+TEST(Quantize, Q8_0KeepsGgmlsScaleAndRoundsAgainstTheStoredOne) {
+  std::mt19937 rng(11);
+  std::student_t_distribution<float> heavy(3.0f);
+  const int64_t n = 32 * 512;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = 0.05f * heavy(rng);
+  std::vector<uint8_t> q(size_t(spill::row_bytes(DType::Q8_0, n)));
+  spill::quant::quantize_row(DType::Q8_0, x.data(), q.data(), n);
+  std::vector<float> y(x.size());
+  spill::quant::dequantize_row(DType::Q8_0, q.data(), y.data(), n);
+  const auto* blocks = reinterpret_cast<const spill::quant::BlockQ8_0*>(q.data());
+  int64_t closer = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float amax = 0;
+    for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(x[size_t(32 * b + l)]));
+    const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+    ASSERT_EQ(blocks[b].d, spill::f32_to_f16(d)) << "block " << b;
+    const float d16 = spill::f16_to_f32(blocks[b].d);
+    for (int l = 0; l < 32; ++l) {
+      const size_t i = size_t(32 * b + l);
+      const float ggml = d16 * float(std::lround(x[i] * id));
+      EXPECT_LE(std::fabs(x[i] - y[i]), std::fabs(x[i] - ggml)) << "block " << b << " weight " << l;
+      closer += std::fabs(x[i] - y[i]) < std::fabs(x[i] - ggml);
+    }
+  }
+  EXPECT_GT(closer, 0);  // the f16 rounding of the scale moves some levels
+}
+
 class QuantizeTest : public ::testing::TestWithParam<DType> {};
 
 // Importance steers the error to where it is cheap: the importance-weighted error of a row
@@ -413,6 +446,12 @@ TEST_P(QuantizeTest, ImportanceLowersTheWeightedError) {
   std::vector<uint8_t> plain(size_t(spill::row_bytes(t, n))), weighted(plain.size());
   spill::quant::quantize_row(t, x.data(), plain.data(), n);
   spill::quant::quantize_row(t, x.data(), weighted.data(), n, imp.data());
+  if (t == DType::Q8_0) {
+    // Q8_0 keeps ggml's scale (the largest weight on the grid) whatever the importance: a search
+    // that trades the largest weights for the sum of squares raised the KL divergence at 8 bits.
+    EXPECT_EQ(plain, weighted);
+    return;
+  }
   EXPECT_LT(weighted_sq_error(t, x, weighted, imp.data()), weighted_sq_error(t, x, plain, imp.data()));
   const std::vector<float> dw = default_weights(t, x);
   EXPECT_LT(weighted_sq_error(t, x, plain, dw.data()), weighted_sq_error(t, x, weighted, dw.data()))

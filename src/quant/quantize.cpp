@@ -401,22 +401,25 @@ void pack_iq4_xs(const SuperFit& f, BlockIQ4_XS& b) {
   }
 }
 
-// Q8_0: one f16 scale per 32 weights; the f16 values next to the fitted scale are tried too.
-void quantize_q8_0_block(const float* x, const float* w, BlockQ8_0& b) {
-  const float s = fit_scale(x, w, 32, kLinear8, 4);
-  check_f16_range(s, DType::Q8_0);
-  uint16_t h = f32_to_f16(s);
-  float best = std::numeric_limits<float>::infinity();
-  uint16_t best_h = h;
-  for (int delta = -2; delta <= 2; ++delta) {
-    const uint16_t c = uint16_t(h + delta);
-    if (((c ^ h) & 0x8000) || ((c >> 10) & 0x1F) == 0x1F) continue;  // same sign, finite
-    const float e = fit_error(x, w, 32, f16_to_f32(c), 0, kLinear8);
-    if (e < best) best = e, best_h = c;
+// Q8_0: one f16 scale per 32 weights, ggml's: amax / 127, which keeps the block's largest weight
+// on the grid. Each weight then takes the level nearest to it at the scale as stored (f16), where
+// ggml rounds against the unrounded scale: no weight is further from its value than in ggml's
+// block. Searching the scale (fit_scale, or the f16 neighbours by weighted error) lowered the RMSE
+// by clipping the largest weights but raised the mean KL divergence under llama-perplexity
+// (docs/perf/quant-quality-2026-12-04.md): at 8 bits the few large weights matter more than the
+// sum of the small rounding errors. `w` is not used.
+void quantize_q8_0_block(const float* x, const float* /*w*/, BlockQ8_0& b) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int l = 0; l < 32; ++l) {
+    finite &= std::isfinite(x[l]);
+    amax = std::max(amax, std::fabs(x[l]));
   }
+  const float s = finite ? amax / 127.0f : std::numeric_limits<float>::infinity();
+  check_f16_range(s, DType::Q8_0);
+  b.d = f32_to_f16(s);
   uint8_t idx[32];
-  assign_levels(x, 32, f16_to_f32(best_h), 0, kLinear8, idx);
-  b.d = best_h;
+  assign_levels(x, 32, f16_to_f32(b.d), 0, kLinear8, idx);
   for (int l = 0; l < 32; ++l) b.qs[l] = int8_t(int(idx[l]) - 128);
 }
 
