@@ -72,6 +72,9 @@ TEST(PlacementCli, PlanFlagErrorsAreClear) {
   auto [f, t6] = run_command(spill_bin() + kSeedArgs + " --usage zipf:1 --profile p.json");
   EXPECT_EQ(f, 1);
   EXPECT_NE(t6.find("not both"), std::string::npos) << t6;
+  auto [g, t7] = run_command(spill_bin() + kSeedArgs + " --allreduce-us -5");
+  EXPECT_NE(g, 0);
+  EXPECT_NE(t7.find("--allreduce-us: expected microseconds, 0 or more, got -5"), std::string::npos) << t7;
 }
 
 // Two GPUs share every layer (the default): the plan says so, each GPU lists every layer and each

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -190,7 +191,18 @@ void add_plan_command(CLI::App& app) {
                   "split over the GPUs where the shapes divide) or replicated (on every GPU)")
       ->capture_default_str();
   cmd->add_option("--allreduce-us", a->allreduce_us,
-                  "latency of one decode all-reduce across the GPUs, for the expected speed (default 10, assumed)");
+                  "latency of one decode all-reduce across the GPUs, for the expected speed (default 10, assumed)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              size_t used = 0;
+              const double x = std::stod(v, &used);
+              if (used == v.size() && x >= 0 && std::isfinite(x)) return std::string();
+            } catch (const std::exception&) {
+            }
+            return "expected microseconds, 0 or more, got " + v;
+          },
+          "US"));
   cmd->add_option("--topo", a->topo, "bandwidth ceilings measured by spill topo --json FILE");
   cmd->add_option("--hbm-gbps", a->hbm_gbps, "HBM read ceiling in GB/s (default 4530, an H200)");
   cmd->add_option("--host-read-gbps", a->host_read_gbps, "in-place pinned host read ceiling in GB/s (default 50, PCIe Gen5 x16)");
