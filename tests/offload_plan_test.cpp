@@ -1,17 +1,22 @@
 // Reading placement plans (src/offload/plan_file.h): what the planner writes reads back as the
 // planner decided, and every field the runtime relies on is validated with a message that names
 // the file and the field.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "offload/plan_file.h"
 #include "placement/memory.h"
 #include "placement/planner.h"
+#include "placement/profile.h"
 
 namespace spill {
 namespace {
@@ -198,6 +203,78 @@ TEST(OffloadPlan, ReadsBackAnExpertParallelPlan) {
     EXPECT_NE(why.find(std::string("plan.json: ") + c.field), std::string::npos)
         << "field " << c.field << ": " << (why.empty() ? "accepted" : why);
   }
+}
+
+// Expert-parallel plans of random shapes and budgets (1-4 GPUs, each its own budget, forced host
+// shares, profiles with uneven usage): each either refuses with a reason or holds every invariant
+// the runtime relies on: every expert owned by one GPU, a layer's host experts within one of each
+// other across GPUs, every GPU within its budget, and the JSON read back to the same owners.
+TEST(OffloadPlan, ExpertParallelPlansOfRandomBudgetsHoldTheirInvariants) {
+  std::mt19937 rng(2026);
+  int planned = 0, refused = 0, expert_parallel = 0;
+  for (int trial = 0; trial < 100; ++trial) {
+    const int64_t layers = 2 + int64_t(rng() % 6), experts = 4 + int64_t(rng() % 29), top_k = 1 + int64_t(rng() % 4);
+    placement::PlanRequest req;
+    req.shape = placement::parse_model_shape(
+        fmt::format(R"({{"model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 256, "num_hidden_layers": {},
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512,
+            "num_experts": {}, "num_experts_per_tok": {}, "moe_intermediate_size": 256, "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "norm_topk_prob": true, "eos_token_id": 1}})",
+                    layers, experts, std::min(top_k, experts)),
+        "random.json");
+    req.types = placement::parse_tensor_class_types("q8_0,experts=q4_k");
+    req.max_model_len = 512;
+    req.max_seqs = 1 + int64_t(rng() % 3);
+    req.max_batch_tokens = 64;
+    req.min_host_fraction = (rng() % 3 == 0) ? double(rng() % 50) / 100.0 : 0.0;
+    if (rng() % 2) req.profile = placement::zipf_profile(req.shape.spec, double(rng() % 15) / 10.0, rng());
+    const int gpus = 1 + int(rng() % 4);
+    req.gpu_mem.clear();
+    req.gpu_mem.push_back(int64_t(1) << 30);
+    const placement::PlanOutcome one = placement::make_plan(req);
+    // Every GPU holds a whole workspace; the rest of the model is shared out, 10% to 110% of it.
+    const int64_t workspace = one.plan.workspace_per_gpu, rest = one.no_offload[0].vram_total() - workspace;
+    req.gpu_mem.clear();
+    for (int g = 0; g < gpus; ++g)
+      req.gpu_mem.push_back(workspace + int64_t(double(rest) * (0.10 + double(rng() % 100) / 100.0) / gpus));
+    const placement::PlanOutcome o = placement::make_plan(req);
+    if (!o.fits) {
+      EXPECT_FALSE(o.refusal.empty());
+      EXPECT_EQ(o.refusal.find("internal"), std::string::npos) << o.refusal;
+      ++refused;
+      continue;
+    }
+    ++planned;
+    const placement::Plan& p = o.plan;
+    for (const placement::GpuPlan& g : p.gpus) EXPECT_LE(g.vram_total(), g.budget) << "trial " << trial << " gpu" << g.gpu;
+    EXPECT_GE(double(p.host_experts()) + 1e-9, req.min_host_fraction * double(layers * experts) - 1) << "trial " << trial;
+    if (gpus == 1) {
+      EXPECT_EQ(p.parallel, placement::Parallelism::Layers);
+      continue;
+    }
+    ASSERT_EQ(p.parallel, placement::Parallelism::Experts);
+    ++expert_parallel;
+    std::vector<int64_t> host_total(size_t(gpus), 0);
+    for (const placement::LayerPlan& l : p.layers) {
+      ASSERT_EQ(int64_t(l.owner.size()), experts);
+      std::vector<int64_t> host_of(size_t(gpus), 0);
+      for (int32_t g : l.owner) ASSERT_TRUE(g >= 0 && g < gpus) << g;
+      for (int32_t e : l.host_experts) ++host_of[size_t(l.owner[size_t(e)])];
+      const auto [lo, hi] = std::minmax_element(host_of.begin(), host_of.end());
+      EXPECT_LE(*hi - *lo, 1) << "trial " << trial << " layer " << l.layer;
+      for (int g = 0; g < gpus; ++g) host_total[size_t(g)] += host_of[size_t(g)];
+    }
+    const auto [lo, hi] = std::minmax_element(host_total.begin(), host_total.end());
+    EXPECT_LE(*hi - *lo, 1) << "trial " << trial;  // the GPUs' links share the host reads evenly
+    const offload::PlacementPlan back = offload::parse_plan(placement::plan_to_json(o), "plan.json");
+    ASSERT_TRUE(back.expert_parallel);
+    for (size_t l = 0; l < p.layers.size(); ++l) EXPECT_EQ(back.layers[l].owners, p.layers[l].owner);
+  }
+  // Budgets from 10% to 110% of the model: both outcomes occur.
+  EXPECT_GT(planned, 25);  // coverage: the trials reach both outcomes, and many plans over several GPUs
+  EXPECT_GT(expert_parallel, 10);
+  EXPECT_GT(refused, 0);
+  std::printf("%d plans (%d over several GPUs), %d refusals\n", planned, expert_parallel, refused);
 }
 
 TEST(OffloadPlan, DenseLayersHaveNoExperts) {
