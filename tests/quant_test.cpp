@@ -346,6 +346,35 @@ TEST_P(DotQ8Test, EveryKernelPathGivesTheSameBits) {
   if (paths_compared == 0) GTEST_SKIP() << "this CPU has no vector path to compare with the scalar one";
 }
 
+// A row against many tokens (the prompt path) gives every token dot_q8's bits, whatever the count
+// (groups of four and the ones left over).
+TEST_P(DotQ8Test, ManyTokensGetTheBitsOfOneAtATime) {
+  const DType t = GetParam();
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 3 * 256;
+  std::vector<uint8_t> row = random_row(t, n, rng);
+  for (size_t i = 0; i < row.size(); ++i)
+    if (rng() % 5 == 0) row[i] = uint8_t(rng());  // every quant and scale bit pattern is a legal block
+  const spill::quant::DotQ8Tokens fn = spill::quant::dot_q8_tokens_fn(t, n);
+  for (int64_t count : {int64_t(1), int64_t(3), int64_t(4), int64_t(7), int64_t(9), int64_t(16)}) {
+    std::vector<spill::quant::ActivationsQ8> acts(static_cast<size_t>(count));
+    for (auto& a : acts) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = normal(rng);
+      spill::quant::quantize_activations_q8(x.data(), n, a);
+    }
+    const int64_t stride = 3;
+    std::vector<float> out(static_cast<size_t>(count * stride), NAN);
+    fn(row.data(), acts.data(), count, out.data(), stride);
+    for (int64_t i = 0; i < count; ++i) {
+      const float want = spill::quant::dot_q8(t, row.data(), acts[size_t(i)]);
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[size_t(i * stride)]));
+      else EXPECT_EQ(bits_of(out[size_t(i * stride)]), bits_of(want)) << "token " << i << " of " << count;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Q8Types, DotQ8Test, ::testing::ValuesIn(kQ8Types),
                          [](const auto& info) { return std::string(spill::dtype_name(info.param)); });
 

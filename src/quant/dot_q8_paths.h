@@ -51,6 +51,15 @@ struct Q8Kernels {
   float (*amax)(const float* x, int64_t n, float* poison);
   void (*round)(const float* x, int64_t n, float inv, int8_t* q);
   void (*sum16)(const int8_t* q, int64_t n16, int16_t* out);
+  // Four tokens against one row: out[t] is exactly what the one-token kernel above gives token t
+  // (the same lanes, the same float operations), with the row's loads and unpacking shared by the
+  // four. Null where a build has none: the caller takes the one-token kernel four times.
+  void (*row_q8_0_x4)(const BlockQ8_0* w, const int8_t* const q[4], const float* const dx[4], int64_t n_blocks,
+                      float out[4]);
+  void (*row_q4_k_x4)(const BlockQ4_K* w, const int8_t* const q[4], const int16_t* const s16[4],
+                      const float* const dx[4], int64_t nb, float out[4]);
+  void (*row_q5_k_x4)(const BlockQ5_K* w, const int8_t* const q[4], const int16_t* const s16[4],
+                      const float* const dx[4], int64_t nb, float out[4]);
 };
 
 // The lanes' sum: lanes i and i+4, then i and i+2, then 0 and 1.

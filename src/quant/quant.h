@@ -115,6 +115,12 @@ float dot_q8(DType t, const void* row, const ActivationsQ8& a);
 // spill::Error as dot_q8 does (format without a q8 kernel, n not whole blocks).
 using DotQ8Row = float (*)(const void* row, const ActivationsQ8& a);
 DotQ8Row dot_q8_row(DType t, int64_t n);
+// One row against many tokens: fn(row, acts, count, out, stride) sets out[i * stride] =
+// dot_q8(t, row, acts[i]) bit for bit for i < count (every acts[i].n == n). Groups of four tokens
+// share the row's loads and unpacking where the kernel build has it (Q8_0, Q4_K, Q5_K on AVX2):
+// a prompt's rows are dotted with hundreds of tokens. Throws spill::Error as dot_q8_row does.
+using DotQ8Tokens = void (*)(const void* row, const ActivationsQ8* acts, int64_t count, float* out, int64_t stride);
+DotQ8Tokens dot_q8_tokens_fn(DType t, int64_t n);
 // dot_q8 on a given path (Scalar, or Avx2 / Avx512, which share the AVX2 integer kernels); for the
 // tests and benchmarks. Throws spill::Error if this CPU cannot run it.
 float dot_q8_on(KernelPath p, DType t, const void* row, const ActivationsQ8& a);

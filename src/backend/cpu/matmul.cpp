@@ -128,6 +128,7 @@ void matmul_jobs(ThreadPool& pool, std::span<const MatmulJob> jobs) {
   // shared by consecutive jobs that point at the same tokens.
   struct Resolved {
     quant::DotQ8Row dot;
+    quant::DotQ8Tokens tokens;  // the same bits, a row against many tokens (prompts)
     const quant::ActivationsQ8* acts;  // n of them
     int64_t first_row;                 // in the loop over every job's rows
   };
@@ -152,7 +153,8 @@ void matmul_jobs(ThreadPool& pool, std::span<const MatmulJob> jobs) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     const MatmulJob& j = jobs[i];
     const int64_t K = j.w->cols();
-    resolved[i] = {quant::dot_q8_row(j.w->dtype, K), acts.data() + acts_at[i], total_rows};  // checks K
+    resolved[i] = {quant::dot_q8_row(j.w->dtype, K), quant::dot_q8_tokens_fn(j.w->dtype, K), acts.data() + acts_at[i],
+                   total_rows};  // checks K
     if (i == 0 || acts_at[i] != acts_at[i - 1])
       for (int64_t t = 0; t < j.n; ++t) quant::quantize_activations_q8(j.x[t], K, acts[acts_at[i] + size_t(t)]);
     total_rows += j.w->rows();
@@ -171,7 +173,8 @@ void matmul_jobs(ThreadPool& pool, std::span<const MatmulJob> jobs) {
         const uint8_t* row = j.w->row_data(m);
         for (const uint8_t* p = row + kPrefetchBytes; p < row + kPrefetchBytes + row_bytes && p < stop; p += 64)
           __builtin_prefetch(p);  // a hint: never faults, changes no result
-        for (int64_t t = 0; t < j.n; ++t) j.y[t * M + m] = res[i].dot(row, res[i].acts[t]);
+        if (j.n == 1) j.y[m] = res[i].dot(row, res[i].acts[0]);
+        else res[i].tokens(row, res[i].acts, j.n, j.y + m, M);
       }
     }
   });
