@@ -46,44 +46,69 @@ inline float reduce(__m256 v) {
   return reduce8(lanes);
 }
 
-// Q8_0 and the signed legacy formats: products(block, q) gives the block's eight int32 lanes.
-template <class Block, class Products>
-float row_signed(const Block* w, const int8_t* q, const float* dx, int64_t nb, Products products) {
-  __m256 acc = _mm256_setzero_ps();
+// Q8_0 and the signed legacy formats, NT tokens against one row (1 in decode; 4 in a prompt, where
+// each block is loaded once for the four): products(block, q) gives the block's eight int32 lanes,
+// and each token takes dot_q8_paths.h's float order on its own.
+template <int NT, class Block, class Products>
+void row_signed_n(const Block* w, const int8_t* const q[NT], const float* const dx[NT], int64_t nb, Products products,
+                float out[NT]) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
     const int64_t end = std::min(nb, b0 + 8);
-    __m256 in0 = _mm256_setzero_ps(), in1 = _mm256_setzero_ps();
+    __m256 in0[NT], in1[NT];
+    for (int t = 0; t < NT; ++t) in0[t] = in1[t] = _mm256_setzero_ps();
     int64_t b = b0;
     for (; b + 2 <= end; b += 2) {
-      in0 = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d)), _mm256_cvtepi32_ps(products(w[b], q + 32 * b)), in0);
-      in1 = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b + 1].d)), _mm256_cvtepi32_ps(products(w[b + 1], q + 32 * b + 32)),
-                            in1);
+      const __m256 d0 = _mm256_set1_ps(half(w[b].d)), d1 = _mm256_set1_ps(half(w[b + 1].d));
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        in0[t] = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(products(w[b], q[t] + 32 * b)), in0[t]);
+        in1[t] = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(products(w[b + 1], q[t] + 32 * b + 32)), in1[t]);
+      }
     }
     if (b < end)  // b is even: chain 0
-      in0 = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d)), _mm256_cvtepi32_ps(products(w[b], q + 32 * b)), in0);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(dx[b0 / 8]), _mm256_add_ps(in0, in1), acc);
+      for (int t = 0; t < NT; ++t)
+        in0[t] = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d)), _mm256_cvtepi32_ps(products(w[b], q[t] + 32 * b)), in0[t]);
+    for (int t = 0; t < NT; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[t][b0 / 8]), _mm256_add_ps(in0[t], in1[t]), acc[t]);
   }
-  return reduce(acc);
+  for (int t = 0; t < NT; ++t) out[t] = reduce(acc[t]);
+}
+template <class Block, class Products>
+float row_signed(const Block* w, const int8_t* q, const float* dx, int64_t nb, Products products) {
+  float out[1];
+  row_signed_n<1>(w, &q, &dx, nb, products, out);
+  return out[0];
 }
 
 float row_q8_0(const BlockQ8_0* w, const int8_t* q, const float* dx, int64_t nb) {
   return row_signed(w, q, dx, nb, [](const BlockQ8_0& b, const int8_t* x) { return q8_0_products(b, x); });
 }
+void row_q8_0_x4(const BlockQ8_0* w, const int8_t* const q[4], const float* const dx[4], int64_t nb, float out[4]) {
+  row_signed_n<4>(w, q, dx, nb, [](const BlockQ8_0& b, const int8_t* x) { return q8_0_products(b, x); }, out);
+}
 
 // 16 copies of int16 lane j of each 128-bit half of v.
 inline __m256i spread16(__m256i v, int j) { return _mm256_shuffle_epi8(v, _mm256_set1_epi16(short(0x0100 + 0x0202 * j))); }
 
-template <bool kFiveBit, class Block>
-float row_q45_k(const Block* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
+// Q4_K / Q5_K, NT tokens against one row (1 in decode; 4 in a prompt, where the nibbles, high bits
+// and scale spreads of each group are made once for the four); each token's lanes and float chains
+// are its own.
+template <int NT, bool kFiveBit, class Block>
+void row_q45_k_n(const Block* w, const int8_t* const q[NT], const int16_t* const s16[NT], const float* const dx[NT],
+               int64_t nb, float out[NT]) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i, q += kSuperBlock, s16 += 16) {
+  __m256 acc[NT], macc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
     uint64_t sc, m;
     scale_min_words_k4(w[i].scales, sc, m);
     const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFiveBit) qh = load32(w[i].qh);
-    __m256i lanes = _mm256_setzero_si256();
+    __m256i lanes[NT];
+    for (int t = 0; t < NT; ++t) lanes[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {  // unrolled: the scales' shuffle masks become constants
       const __m256i bytes = load32(w[i].qs + 32 * p);
@@ -94,104 +119,45 @@ float row_q45_k(const Block* w, const int8_t* q, const int16_t* s16, const float
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
         qh = _mm256_srli_epi16(qh, 2);
       }
-      const __m256i plo = _mm256_maddubs_epi16(lo, load32(q + 64 * p));
-      const __m256i phi = _mm256_maddubs_epi16(hi, load32(q + 64 * p + 32));
-      lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(plo, spread16(scales, 2 * p)));
-      lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(phi, spread16(scales, 2 * p + 1)));
-    }
-    // Lane l: m_l (s16[2l] + s16[2l+1]), the mins widened to int16 and each doubled into a pair.
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
-    const __m256i mpairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-    const __m256i min_lanes = _mm256_madd_epi16(load32(s16), mpairs);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[i].d) * dx[i]), _mm256_cvtepi32_ps(lanes), acc);
-    macc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[i].dmin) * dx[i]), _mm256_cvtepi32_ps(min_lanes), macc);
-  }
-  return reduce(_mm256_sub_ps(acc, macc));
-}
-
-float row_q4_k(const BlockQ4_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
-  return row_q45_k<false>(w, q, s16, dx, nb);
-}
-
-// row_q45_k for four tokens: the nibbles, high bits and scale spreads made once per group, each
-// token's lanes and float chains exactly as row_q45_k's.
-template <bool kFiveBit, class Block>
-void row_q45_k_x4(const Block* w, const int8_t* const q[4], const int16_t* const s16[4], const float* const dx[4],
-                  int64_t nb, float out[4]) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc[4], macc[4];
-  for (int t = 0; t < 4; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    uint64_t sc, m;
-    scale_min_words_k4(w[i].scales, sc, m);
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
-    __m256i qh = _mm256_setzero_si256();
-    if constexpr (kFiveBit) qh = load32(w[i].qh);
-    __m256i lanes[4];
-    for (int t = 0; t < 4; ++t) lanes[t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const __m256i bytes = load32(w[i].qs + 32 * p);
-      __m256i lo = _mm256_and_si256(bytes, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
-      if constexpr (kFiveBit) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-        qh = _mm256_srli_epi16(qh, 2);
-      }
       const __m256i slo = spread16(scales, 2 * p), shi = spread16(scales, 2 * p + 1);
 #pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
+      for (int t = 0; t < NT; ++t) {
         const int8_t* qt = q[t] + kSuperBlock * i + 64 * p;
         lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(qt)), slo));
         lanes[t] = _mm256_add_epi32(lanes[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load32(qt + 32)), shi));
       }
     }
+    // Lane l: m_l (s16[2l] + s16[2l+1]), the mins widened to int16 and each doubled into a pair.
     const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
     const __m256i mpairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
     const float d = half(w[i].d), dmin = half(w[i].dmin);
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < NT; ++t) {
       const __m256i min_lanes = _mm256_madd_epi16(load32(s16[t] + 16 * i), mpairs);
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[t][i]), _mm256_cvtepi32_ps(lanes[t]), acc[t]);
       macc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx[t][i]), _mm256_cvtepi32_ps(min_lanes), macc[t]);
     }
   }
-  for (int t = 0; t < 4; ++t) out[t] = reduce(_mm256_sub_ps(acc[t], macc[t]));
+  for (int t = 0; t < NT; ++t) out[t] = reduce(_mm256_sub_ps(acc[t], macc[t]));
+}
+template <bool kFiveBit, class Block>
+float row_q45_k(const Block* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
+  float out[1];
+  row_q45_k_n<1, kFiveBit>(w, &q, &s16, &dx, nb, out);
+  return out[0];
 }
 
+float row_q4_k(const BlockQ4_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
+  return row_q45_k<false>(w, q, s16, dx, nb);
+}
 void row_q4_k_x4(const BlockQ4_K* w, const int8_t* const q[4], const int16_t* const s16[4], const float* const dx[4],
                  int64_t nb, float out[4]) {
-  row_q45_k_x4<false>(w, q, s16, dx, nb, out);
+  row_q45_k_n<4, false>(w, q, s16, dx, nb, out);
 }
 void row_q5_k_x4(const BlockQ5_K* w, const int8_t* const q[4], const int16_t* const s16[4], const float* const dx[4],
                  int64_t nb, float out[4]) {
-  row_q45_k_x4<true>(w, q, s16, dx, nb, out);
+  row_q45_k_n<4, true>(w, q, s16, dx, nb, out);
 }
 
-// row_q8_0 for four tokens: each weight block loaded and its signs taken once.
-void row_q8_0_x4(const BlockQ8_0* w, const int8_t* const q[4], const float* const dx[4], int64_t nb, float out[4]) {
-  __m256 acc[4];
-  for (int t = 0; t < 4; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-    const int64_t end = std::min(nb, b0 + 8);
-    __m256 in0[4], in1[4];
-    for (int t = 0; t < 4; ++t) in0[t] = in1[t] = _mm256_setzero_ps();
-    for (int64_t b = b0; b < end; ++b) {
-      const __m256i a = load32(w[b].qs), abs_a = _mm256_sign_epi8(a, a);
-      const __m256 d = _mm256_set1_ps(half(w[b].d));
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        const __m256i p = _mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(load32(q[t] + 32 * b), a));
-        const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-        // Even blocks on chain 0, odd ones on chain 1, as row_signed takes them.
-        if ((b - b0) % 2 == 0) in0[t] = _mm256_fmadd_ps(d, lanes, in0[t]);
-        else in1[t] = _mm256_fmadd_ps(d, lanes, in1[t]);
-      }
-    }
-    for (int t = 0; t < 4; ++t) acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[t][b0 / 8]), _mm256_add_ps(in0[t], in1[t]), acc[t]);
-  }
-  for (int t = 0; t < 4; ++t) out[t] = reduce(acc[t]);
-}
 float row_q5_k(const BlockQ5_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
   return row_q45_k<true>(w, q, s16, dx, nb);
 }
