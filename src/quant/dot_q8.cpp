@@ -168,55 +168,42 @@ DotQ8Row row_fn_of(DType t) {
 template <DType T>
 float any_row(const void* row, const ActivationsQ8& a) { return dot_q8(T, row, a); }
 
-// One row against count tokens, four at a time through the build's x4 kernel where it has one for T.
+// One row against count tokens: four at a time through the build's x4 kernel where it has one for
+// T (Q8_0, Q4_K, Q5_K), the rest one at a time through dot_q8_row's function.
 template <const detail::Q8Kernels* K, DType T>
 void tokens_row(const void* row, const ActivationsQ8* acts, int64_t count, float* out, int64_t stride) {
-  int64_t i = 0;
-  const int8_t* q[4];
-  const float* dx[4];
-  const int16_t* s16[4];
+  if (count <= 0) return;
+  // Tokens first .. first + 3 into o; false where the build has no four-token kernel for T.
   float o[4];
-  auto gather = [&](int64_t first) {
+  auto four = [&](int64_t first) {
+    const int8_t* q[4];
+    const float* dx[4];
+    const int16_t* s16[4];
     for (int k = 0; k < 4; ++k) {
       q[k] = acts[first + k].q.data();
       dx[k] = acts[first + k].d.data();
       s16[k] = acts[first + k].sum16.data();
     }
+    const int64_t n = acts[first].n;
+    if constexpr (T == DType::Q8_0) {
+      if (!K->row_q8_0_x4) return false;
+      K->row_q8_0_x4(static_cast<const BlockQ8_0*>(row), q, dx, n / 32, o);
+    } else if constexpr (T == DType::Q4_K) {
+      if (!K->row_q4_k_x4) return false;
+      K->row_q4_k_x4(static_cast<const BlockQ4_K*>(row), q, s16, dx, n / kSuperBlock, o);
+    } else if constexpr (T == DType::Q5_K) {
+      if (!K->row_q5_k_x4) return false;
+      K->row_q5_k_x4(static_cast<const BlockQ5_K*>(row), q, s16, dx, n / kSuperBlock, o);
+    } else {
+      return false;
+    }
+    return true;
   };
-  auto scatter = [&](int64_t first) {
-    for (int k = 0; k < 4; ++k) out[(first + k) * stride] = o[k];
-  };
-  if constexpr (T == DType::Q8_0) {
-    if (K->row_q8_0_x4)
-      for (; i + 4 <= count; i += 4) {
-        gather(i);
-        K->row_q8_0_x4(static_cast<const BlockQ8_0*>(row), q, dx, acts[i].n / 32, o);
-        scatter(i);
-      }
-  } else if constexpr (T == DType::Q4_K) {
-    if (K->row_q4_k_x4)
-      for (; i + 4 <= count; i += 4) {
-        gather(i);
-        K->row_q4_k_x4(static_cast<const BlockQ4_K*>(row), q, s16, dx, acts[i].n / kSuperBlock, o);
-        scatter(i);
-      }
-  } else if constexpr (T == DType::Q5_K) {
-    if (K->row_q5_k_x4)
-      for (; i + 4 <= count; i += 4) {
-        gather(i);
-        K->row_q5_k_x4(static_cast<const BlockQ5_K*>(row), q, s16, dx, acts[i].n / kSuperBlock, o);
-        scatter(i);
-      }
-  }
-  const DotQ8Row one = row_fn_of<K>(T);
-  for (; i < count; ++i) out[i * stride] = one(row, acts[i]);
-}
-// The others (Q6_K, the legacy formats): dot_q8_row's function per token.
-template <DType T>
-void tokens_any(const void* row, const ActivationsQ8* acts, int64_t count, float* out, int64_t stride) {
-  if (count <= 0) return;
+  int64_t i = 0;
+  for (; i + 4 <= count && four(i); i += 4)
+    for (int k = 0; k < 4; ++k) out[(i + k) * stride] = o[k];
   const DotQ8Row one = dot_q8_row(T, acts[0].n);
-  for (int64_t i = 0; i < count; ++i) out[i * stride] = one(row, acts[i]);
+  for (; i < count; ++i) out[i * stride] = one(row, acts[i]);
 }
 
 template <const detail::Q8Kernels* K>
@@ -225,6 +212,12 @@ DotQ8Tokens tokens_fn_of(DType t) {
     case DType::Q8_0: return tokens_row<K, DType::Q8_0>;
     case DType::Q4_K: return tokens_row<K, DType::Q4_K>;
     case DType::Q5_K: return tokens_row<K, DType::Q5_K>;
+    case DType::Q6_K: return tokens_row<K, DType::Q6_K>;
+    case DType::Q4_0: return tokens_row<K, DType::Q4_0>;
+    case DType::Q4_1: return tokens_row<K, DType::Q4_1>;
+    case DType::Q5_0: return tokens_row<K, DType::Q5_0>;
+    case DType::Q5_1: return tokens_row<K, DType::Q5_1>;
+    case DType::IQ4_NL: return tokens_row<K, DType::IQ4_NL>;
     default: return nullptr;
   }
 }
@@ -232,22 +225,11 @@ DotQ8Tokens tokens_fn_of(DType t) {
 }  // namespace
 
 DotQ8Tokens dot_q8_tokens_fn(DType t, int64_t n) {
-  (void)dot_q8_row(t, n);  // the same checks
+  (void)dot_q8_row(t, n);  // the same checks, the same errors
 #if defined(__x86_64__) || defined(_M_X64)
-  if (q8_path() != KernelPath::Scalar)
-    if (DotQ8Tokens f = tokens_fn_of<&detail::kQ8Avx2>(t)) return f;
+  if (q8_path() != KernelPath::Scalar) return tokens_fn_of<&detail::kQ8Avx2>(t);
 #endif
-  if (q8_path() == KernelPath::Scalar)
-    if (DotQ8Tokens f = tokens_fn_of<&detail::kQ8Scalar>(t)) return f;
-  switch (t) {
-    case DType::Q6_K: return tokens_any<DType::Q6_K>;
-    case DType::Q4_0: return tokens_any<DType::Q4_0>;
-    case DType::Q4_1: return tokens_any<DType::Q4_1>;
-    case DType::Q5_0: return tokens_any<DType::Q5_0>;
-    case DType::Q5_1: return tokens_any<DType::Q5_1>;
-    case DType::IQ4_NL: return tokens_any<DType::IQ4_NL>;
-    default: fail("{} has no int8-activation dot product", dtype_name(t));
-  }
+  return tokens_fn_of<&detail::kQ8Scalar>(t);
 }
 
 DotQ8Row dot_q8_row(DType t, int64_t n) {
