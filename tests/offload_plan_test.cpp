@@ -55,6 +55,22 @@ std::string error_of(const json& j) {
   return "";
 }
 
+// One edit of a good plan, and the field its refusal must name.
+struct BrokenPlan {
+  const char* field;
+  std::function<void(json&)> edit;
+};
+// Each edit of `good` is refused with "plan.json: FIELD" in the message.
+void expect_refused_by_field(const json& good, const std::vector<BrokenPlan>& cases) {
+  for (const BrokenPlan& c : cases) {
+    json j = good;
+    c.edit(j);
+    const std::string why = error_of(j);
+    EXPECT_NE(why.find(std::string("plan.json: ") + c.field), std::string::npos)
+        << "field " << c.field << ": " << (why.empty() ? "accepted" : why);
+  }
+}
+
 TEST(OffloadPlan, ReadsBackWhatThePlannerDecided) {
   const PlannedS30& p = s30();
   ASSERT_TRUE(p.outcome.fits) << p.outcome.refusal;
@@ -105,11 +121,7 @@ TEST(OffloadPlan, RefusesBrokenPlansNamingTheField) {
   // Layer 5's host list, for edits.
   const json host5 = good["layers"][5]["host"];
   ASSERT_GE(host5.size(), 2u);
-  struct Case {
-    const char* field;
-    std::function<void(json&)> edit;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BrokenPlan> cases = {
       {"format", [](json& j) { j["format"] = "spill-routing-profile"; }},
       {"version", [](json& j) { j["version"] = 3; }},
       {"parallel", [](json& j) { j["version"] = 2; }},  // version 2 says how the GPUs share the layers
@@ -146,13 +158,7 @@ TEST(OffloadPlan, RefusesBrokenPlansNamingTheField) {
       {"gpus[0].gpu", [](json& j) { j["gpus"][0]["gpu"] = 3; }},
       {"(top level)", [](json& j) { j = json::array(); }},
   };
-  for (const Case& c : cases) {
-    json j = good;
-    c.edit(j);
-    const std::string why = error_of(j);
-    EXPECT_NE(why.find(std::string("plan.json: ") + c.field), std::string::npos)
-        << "field " << c.field << ": " << (why.empty() ? "accepted" : why);
-  }
+  expect_refused_by_field(good, cases);
 }
 
 // Two GPUs sharing every layer's experts (plan version 2): owners come back as planned, and a
@@ -181,11 +187,7 @@ TEST(OffloadPlan, ReadsBackAnExpertParallelPlan) {
   EXPECT_EQ(plan.host_expert_count(), outcome.plan.host_experts());
 
   const json good = json::parse(text);
-  struct Case {
-    const char* field;
-    std::function<void(json&)> edit;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BrokenPlan> cases = {
       {"parallel.kind", [](json& j) { j["parallel"]["kind"] = "layers"; }},
       {"parallel", [](json& j) { j.erase("parallel"); }},
       {"gpus[1].layers", [](json& j) { j["gpus"][1]["layers"] = {0, 47}; }},
@@ -196,13 +198,7 @@ TEST(OffloadPlan, ReadsBackAnExpertParallelPlan) {
       {"layers[4].owners[3]", [](json& j) { j["layers"][4]["owners"][3] = -1; }},
       {"layers[4].owners[3]", [](json& j) { j["layers"][4]["owners"][3] = "gpu0"; }},
   };
-  for (const Case& c : cases) {
-    json j = good;
-    c.edit(j);
-    const std::string why = error_of(j);
-    EXPECT_NE(why.find(std::string("plan.json: ") + c.field), std::string::npos)
-        << "field " << c.field << ": " << (why.empty() ? "accepted" : why);
-  }
+  expect_refused_by_field(good, cases);
 }
 
 // Expert-parallel plans of random shapes and budgets (1-4 GPUs, each its own budget, forced host
