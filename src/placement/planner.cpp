@@ -557,70 +557,70 @@ PlanOutcome make_plan(PlanRequest req) {
     if (std::optional<std::string> why = plan_expert_parallel(req, out, order, experts_in, moe_layers, forced, kv_layer))
       return refuse(std::move(*why));
   } else {
-  // Everything in VRAM, split as evenly as it goes: what the model needs without offload.
-  {
-    b.embedding_on_gpu = true;
-    std::vector<int64_t> counts = greedy_split(b, 0.0, smallest(0.0, 1e6, [&](double u) { return !greedy_split(b, 0.0, u).empty(); }));
-    out.no_offload = fill_gpus(counts, {});
-  }
-
-  // Embedding home: Auto keeps it in VRAM only when nothing has to move.
-  bool everything_fits = forced == 0;
-  for (const GpuPlan& g : out.no_offload) everything_fits &= g.room() >= 0;
-  b.embedding_on_gpu = req.embedding == EmbeddingHome::Gpu || (req.embedding == EmbeddingHome::Auto && everything_fits);
-  if (mb.tied_embedding) b.embedding_on_gpu = false;  // the lookup reads the head's rows; no separate table
-  plan.embedding_on_host = !b.embedding_on_gpu && mb.embedding > 0;
-
-  // The smallest share of experts that must leave, then the most even split at that share.
-  const double forced_share = total_experts ? double(forced) / double(total_experts) : 0.0;
-  const double max_share = req.allow_offload ? 1.0 : forced_share;
-  if (greedy_split(b, max_share, 1.0).empty()) {
-    // Does not fit even with every expert that may move in host RAM.
-    std::vector<int64_t> counts = greedy_split(b, max_share, smallest(0.0, 1e6, [&](double u) { return !greedy_split(b, max_share, u).empty(); }));
-    std::vector<int64_t> host(L, 0);
-    for (size_t l = 0; l < L; ++l) host[l] = int64_t(std::ceil(max_share * double(experts_in[l])));
-    const std::vector<GpuPlan> gpus = fill_gpus(counts, host);
-    return refuse(refusal_message(req, plan, gpus, out.no_offload, kv_layer));
-  }
-  const double share = smallest(forced_share, max_share, [&](double t) { return !greedy_split(b, t, 1.0).empty(); });
-  const double cap = smallest(0.0, 1.0, [&](double u) { return !greedy_split(b, share, u).empty(); });
-  const std::vector<int64_t> counts = greedy_split(b, share, cap);
-
-  // Host experts per GPU: what its budget needs, spread over its layers; at least the forced share
-  // spread over all layers.
-  std::vector<int64_t> host_per_layer(L, 0);
-  {
-    const std::vector<int64_t> forced_q = spread(forced, moe_layers, experts_in, order, plan.usage);
-    for (size_t i = 0; i < moe_layers.size(); ++i) host_per_layer[size_t(moe_layers[i])] = forced_q[i];
-    const std::vector<GpuPlan> all_vram = fill_gpus(counts, {});
-    int64_t l0 = 0;
-    for (size_t g = 0; g < G; ++g) {
-      std::vector<int64_t> mine;
-      for (int64_t l = l0; l < l0 + counts[g]; ++l)
-        if (experts_in[size_t(l)] > 0) mine.push_back(l);
-      l0 += counts[g];
-      const int64_t over = -all_vram[g].room();
-      // Counted in this GPU's smallest experts, so that whichever layers give them up, enough bytes leave.
-      int64_t eb = 0;
-      for (int64_t l : mine) eb = eb ? std::min(eb, mb.layers[size_t(l)].routed_expert_bytes) : mb.layers[size_t(l)].routed_expert_bytes;
-      if (over <= 0 || eb == 0) continue;
-      const int64_t need = (over + eb - 1) / eb;
-      const std::vector<int64_t> q = spread(need, mine, experts_in, order, plan.usage);
-      for (size_t i = 0; i < mine.size(); ++i)
-        host_per_layer[size_t(mine[i])] = std::max(host_per_layer[size_t(mine[i])], q[i]);
+    // Everything in VRAM, split as evenly as it goes: what the model needs without offload.
+    {
+      b.embedding_on_gpu = true;
+      std::vector<int64_t> counts = greedy_split(b, 0.0, smallest(0.0, 1e6, [&](double u) { return !greedy_split(b, 0.0, u).empty(); }));
+      out.no_offload = fill_gpus(counts, {});
     }
-  }
-  plan.gpus = fill_gpus(counts, host_per_layer);
-  {
-    int64_t l = 0;
-    for (size_t g = 0; g < G; ++g)
-      for (int64_t i = 0; i < counts[g]; ++i, ++l) {
-        LayerPlan lp{.layer = l, .gpu = int(g), .moe = experts_in[size_t(l)] > 0};
-        for (int64_t k = 0; k < host_per_layer[size_t(l)]; ++k) lp.host_experts.push_back(order[size_t(l)][size_t(k)]);
-        std::sort(lp.host_experts.begin(), lp.host_experts.end());
-        plan.layers.push_back(std::move(lp));
+
+    // Embedding home: Auto keeps it in VRAM only when nothing has to move.
+    bool everything_fits = forced == 0;
+    for (const GpuPlan& g : out.no_offload) everything_fits &= g.room() >= 0;
+    b.embedding_on_gpu = req.embedding == EmbeddingHome::Gpu || (req.embedding == EmbeddingHome::Auto && everything_fits);
+    if (mb.tied_embedding) b.embedding_on_gpu = false;  // the lookup reads the head's rows; no separate table
+    plan.embedding_on_host = !b.embedding_on_gpu && mb.embedding > 0;
+
+    // The smallest share of experts that must leave, then the most even split at that share.
+    const double forced_share = total_experts ? double(forced) / double(total_experts) : 0.0;
+    const double max_share = req.allow_offload ? 1.0 : forced_share;
+    if (greedy_split(b, max_share, 1.0).empty()) {
+      // Does not fit even with every expert that may move in host RAM.
+      std::vector<int64_t> counts = greedy_split(b, max_share, smallest(0.0, 1e6, [&](double u) { return !greedy_split(b, max_share, u).empty(); }));
+      std::vector<int64_t> host(L, 0);
+      for (size_t l = 0; l < L; ++l) host[l] = int64_t(std::ceil(max_share * double(experts_in[l])));
+      const std::vector<GpuPlan> gpus = fill_gpus(counts, host);
+      return refuse(refusal_message(req, plan, gpus, out.no_offload, kv_layer));
+    }
+    const double share = smallest(forced_share, max_share, [&](double t) { return !greedy_split(b, t, 1.0).empty(); });
+    const double cap = smallest(0.0, 1.0, [&](double u) { return !greedy_split(b, share, u).empty(); });
+    const std::vector<int64_t> counts = greedy_split(b, share, cap);
+
+    // Host experts per GPU: what its budget needs, spread over its layers; at least the forced share
+    // spread over all layers.
+    std::vector<int64_t> host_per_layer(L, 0);
+    {
+      const std::vector<int64_t> forced_q = spread(forced, moe_layers, experts_in, order, plan.usage);
+      for (size_t i = 0; i < moe_layers.size(); ++i) host_per_layer[size_t(moe_layers[i])] = forced_q[i];
+      const std::vector<GpuPlan> all_vram = fill_gpus(counts, {});
+      int64_t l0 = 0;
+      for (size_t g = 0; g < G; ++g) {
+        std::vector<int64_t> mine;
+        for (int64_t l = l0; l < l0 + counts[g]; ++l)
+          if (experts_in[size_t(l)] > 0) mine.push_back(l);
+        l0 += counts[g];
+        const int64_t over = -all_vram[g].room();
+        // Counted in this GPU's smallest experts, so that whichever layers give them up, enough bytes leave.
+        int64_t eb = 0;
+        for (int64_t l : mine) eb = eb ? std::min(eb, mb.layers[size_t(l)].routed_expert_bytes) : mb.layers[size_t(l)].routed_expert_bytes;
+        if (over <= 0 || eb == 0) continue;
+        const int64_t need = (over + eb - 1) / eb;
+        const std::vector<int64_t> q = spread(need, mine, experts_in, order, plan.usage);
+        for (size_t i = 0; i < mine.size(); ++i)
+          host_per_layer[size_t(mine[i])] = std::max(host_per_layer[size_t(mine[i])], q[i]);
       }
-  }
+    }
+    plan.gpus = fill_gpus(counts, host_per_layer);
+    {
+      int64_t l = 0;
+      for (size_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < counts[g]; ++i, ++l) {
+          LayerPlan lp{.layer = l, .gpu = int(g), .moe = experts_in[size_t(l)] > 0};
+          for (int64_t k = 0; k < host_per_layer[size_t(l)]; ++k) lp.host_experts.push_back(order[size_t(l)][size_t(k)]);
+          std::sort(lp.host_experts.begin(), lp.host_experts.end());
+          plan.layers.push_back(std::move(lp));
+        }
+    }
   }  // layer split
   for (const GpuPlan& g : plan.gpus)
     if (g.room() < 0)  // rounding of the split at its edge; cannot happen with whole-expert deficits
