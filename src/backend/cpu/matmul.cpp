@@ -98,7 +98,7 @@ void matmul(ThreadPool& pool, const float* x, int64_t n, const TensorView& w, fl
 }
 
 // A decode step reads each weight row once, and a row dot waits on its loads: the kernels' own
-// loads reach too few cache lines ahead to keep DRAM busy (spill-tiny's MoE: ~6 GB/s per core of
+// loads reach too few cache lines ahead to keep DRAM busy (moe1b, a 0.9B MoE: ~6 GB/s per core of
 // the ~14 a plain read reaches). So the rows a thread will read next are requested this far ahead,
 // a row's worth of lines per row: moe1b decode 84 -> 130 tok/s at 2 threads (1 KB: 126, 4 KB: 101,
 // 8 KB: 89: further ahead the lines leave L1 before they are used; docs/perf/cpu-decode-2026-12-04.md).
