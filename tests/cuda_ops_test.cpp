@@ -667,6 +667,19 @@ TEST(CudaOps, RouterTopKMatchesTheTwin) {
       ASSERT_EQ(got_ids[i], want_ids[i]) << "n " << c.n << " E " << c.E << " entry " << i;
       ASSERT_NEAR(got_w[i], want_w[i], rel * want_w[i]);
     }
+    // A GPU's share (expert parallelism): the same ids and weights, and its own list with the
+    // experts it does not hold (here those with id % 3 == 1) as -1.
+    std::vector<uint8_t> owned(size_t(c.E));
+    for (int64_t e = 0; e < c.E; ++e) owned[size_t(e)] = e % 3 != 1;
+    DeviceBuffer owned_d = to_device(owned), share_ids(size_t(c.n * c.k) * 4);
+    cuda::route_topk(ld.as<float>(), c.n, c.E, c.k, c.renorm, ids.as<int32_t>(), ws.as<float>(), s0,
+                     {.owned = owned_d.as<uint8_t>(), .ids = share_ids.as<int32_t>()});
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(test::download<int32_t>(ids.ptr, want_ids.size()), got_ids);
+    EXPECT_EQ(test::download<float>(ws.ptr, want_w.size()), got_w);
+    const auto got_share = test::download<int32_t>(share_ids.ptr, want_ids.size());
+    for (size_t i = 0; i < want_ids.size(); ++i)
+      ASSERT_EQ(got_share[i], want_ids[i] % 3 != 1 ? want_ids[i] : -1) << "n " << c.n << " E " << c.E << " entry " << i;
   }
 }
 

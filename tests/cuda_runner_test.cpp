@@ -24,13 +24,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/collectives.h"
 #include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/expert_parallel_runner.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
@@ -834,6 +837,164 @@ TEST(CudaRunnerModels, ExpertPlansForOtherGpusAreRefusedClearly) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layer 1 on GPU 1"), std::string::npos) << e.what();
   }
+}
+
+// ---- expert parallelism (backend/cuda/expert_parallel_runner.h) -------------------------------
+
+// A plan of `world` GPUs sharing every MoE layer's experts (version 2), from a one-GPU plan's
+// host lists: expert e of layer l goes to owner(l, e); nothing else is split.
+offload::PlacementPlan expert_parallel_plan(offload::PlacementPlan plan, int world,
+                                            const std::function<int(int64_t, int64_t)>& owner) {
+  plan.expert_parallel = true;
+  plan.n_gpus = world;
+  for (offload::PlannedLayer& pl : plan.layers) {
+    pl.gpu = -1;
+    if (!pl.moe) continue;
+    pl.owners.resize(size_t(pl.experts));
+    for (int64_t e = 0; e < pl.experts; ++e) pl.owners[size_t(e)] = int32_t(owner(pl.layer, e));
+  }
+  return plan;
+}
+
+// A prompt then greedy decode steps on `runner`: every step's logits, back to back.
+std::vector<float> greedy_logits(ModelRunner& runner, const Steps& s, int64_t vocab, std::vector<int32_t> prompt,
+                                 int decode_steps) {
+  std::vector<float> all, lg;
+  runner.forward(s.make({{0, prompt, 0}}, false), lg);
+  all = lg;
+  int32_t pos = int32_t(prompt.size());
+  for (int step = 0; step < decode_steps; ++step) {
+    runner.forward(s.make({{0, {argmax(lg.data(), vocab)}, pos++}}, false), lg);
+    all.insert(all.end(), lg.begin(), lg.end());
+  }
+  return all;
+}
+
+// One GPU as a group of one: the same code as two GPUs (the router's share, NCCL's all-reduce
+// after each MoE layer, captured into the decode graphs) gives the one-GPU runner's logits bit for
+// bit, since every expert is its own and a sum over one rank is its rows.
+TEST(CudaExpertParallel, AGroupOfOneGivesTheOneGpuRunnersBits) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const cuda::NcclInfo nccl = cuda::nccl_info();
+  if (!nccl.ok) GTEST_SKIP() << "no NCCL: " << nccl.why;
+  TempDir dir("spill-cuda-ep-one");
+  auto model = small_offload_model(dir, 41);
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, 7);
+  const std::vector<int32_t> prompt = {3, 77, 150, 9, 400, 12, 31};
+  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
+  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
+  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 6);
+  auto group = make_expert_parallel_runner(
+      *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, 1, [](int64_t, int64_t) { return 0; }))});
+  EXPECT_NE(group->describe().find("expert-parallel GPU 0 of 1"), std::string::npos) << group->describe();
+  const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 6);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+  const ExpertTraffic t = group->expert_traffic();
+  EXPECT_EQ(t.routings, int64_t(prompt.size() + 6) * 2 * 2);  // tokens x top-2 x 2 MoE layers
+  EXPECT_EQ(t.host_expert_bytes, plan.host_expert_bytes());
+}
+
+// Two GPUs' worth of ranks sharing this one (their sums through host memory): each rank runs only
+// its experts and the sums give every rank the same rows. With top-2 routing the sum of the two
+// partials is the one-GPU slot sum exactly (each partial is one slot's row plus zeros, and a + b is
+// commutative), so the logits are bit-identical to one GPU's, wherever each expert lives. With
+// top-3 and experts interleaved across the ranks the three terms are added in another order: the
+// logits move within the rounding of a different reduction order, which the CPU-vs-GPU chain bound
+// (its 2 gamma_K per layer for the slot sum) covers, and greedy picks agree.
+TEST(CudaExpertParallel, TwoRanksOnOneGpuGiveTheOneGpuLogits) {
+  SPILL_SKIP_WITHOUT_GPU();
+  TempDir dir("spill-cuda-ep-two");
+  auto model = small_offload_model(dir, 43);
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, 9);
+  const std::vector<int32_t> prompt = {5, 71, 300, 9, 200, 12, 33, 4};
+  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
+  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
+  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 6);
+  for (int split = 0; split < 2; ++split) {
+    // Interleaved owners, then GPU 1 holding all but one expert per layer.
+    auto owner = [&](int64_t l, int64_t e) { return split == 0 ? int((e * 3 + l) % 2) : int(e != l % 8); };
+    auto group = make_expert_parallel_runner(
+        *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, 2, owner)), .devices = {0, 0},
+                 .sums = ExpertParallelConfig::Sums::Host});
+    const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 6);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "owner split " << split;
+    const ExpertTraffic t = group->expert_traffic();
+    EXPECT_EQ(t.routings, int64_t(prompt.size() + 6) * 2 * 2) << "every routing counted once, by its owner";
+    EXPECT_EQ(t.host_expert_bytes, plan.host_expert_bytes());
+  }
+
+  // Top-3, a shared expert (replicated), experts interleaved.
+  const ModelSpec spec = shared_expert_spec();
+  auto shared = Model::from_source(spec, make_synthetic_source(spec, shared_expert_mix(SyntheticFill::Now)));
+  const offload::PlacementPlan splan = offload::uniform_plan_for(*shared, 0.5, 3);
+  auto one3 = make_cuda_runner(*shared, small_offload_config(n_blocks, splan));
+  const std::vector<float> want3 = greedy_logits(*one3, s, spec.vocab_size, prompt, 6);
+  auto group3 = make_expert_parallel_runner(
+      *shared, {.runner = small_offload_config(n_blocks, expert_parallel_plan(splan, 2, [](int64_t l, int64_t e) {
+                  return int((e + l) % 2);
+                })),
+                .devices = {0, 0}, .sums = ExpertParallelConfig::Sums::Host});
+  const std::vector<float> got3 = greedy_logits(*group3, s, spec.vocab_size, prompt, 6);
+  const double worst = compare_logits(got3, want3, spec.vocab_size, chain_eps(spec, 64, DType::F32), "top-3, 2 ranks");
+  std::printf("[ measure ] top-3 over 2 ranks: largest logit difference %.3g of the bound\n", worst);
+}
+
+// What the group cannot run is refused by name: a split of attention, a plan for more GPUs than
+// the machine has, and a version 2 plan given to the one-GPU runner.
+TEST(CudaExpertParallel, PlansTheGroupCannotRunAreRefusedClearly) {
+  SPILL_SKIP_WITHOUT_GPU();
+  TempDir dir("spill-cuda-ep-bad");
+  auto model = small_offload_model(dir, 45);
+  const offload::PlacementPlan v1 = offload::uniform_plan_for(*model, 0.25, 5);
+  auto refused = [&](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "taken; expected an error naming \"" << needle << "\"";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  offload::PlacementPlan split = expert_parallel_plan(v1, 2, [](int64_t, int64_t e) { return int(e % 2); });
+  split.split.attention = true;
+  refused([&] {
+    make_expert_parallel_runner(*model, {.runner = small_offload_config(32, split), .devices = {0, 0},
+                                         .sums = ExpertParallelConfig::Sums::Host});
+  }, "--attention replicated");
+  const offload::PlacementPlan v2 = expert_parallel_plan(v1, 2, [](int64_t, int64_t e) { return int(e % 2); });
+  refused([&] { make_cuda_runner(*model, small_offload_config(32, v2)); }, "make_expert_parallel_runner");
+  refused([&] { make_expert_parallel_runner(*model, {.runner = small_offload_config(32, v2), .devices = {0, 0}}); },
+          "NCCL needs a device per GPU");
+  refused([&] { make_expert_parallel_runner(*model, {.runner = small_offload_config(32, v2), .devices = {0, 99}}); },
+          "cuda:99");
+}
+
+// Two GPUs through NCCL (skipped with fewer): the same bits as one GPU (top-2, as above).
+TEST(CudaExpertParallel, TwoGpusGiveTheOneGpuLogits) {
+  SPILL_SKIP_WITHOUT_GPU();
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << n;
+  const cuda::NcclInfo nccl = cuda::nccl_info();
+  if (!nccl.ok) GTEST_SKIP() << "no NCCL: " << nccl.why;
+  TempDir dir("spill-cuda-ep-nccl");
+  auto model = small_offload_model(dir, 47);
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, 11);
+  const std::vector<int32_t> prompt = {8, 70, 301, 9, 200, 13, 33};
+  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
+  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
+  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 6);
+  auto group = make_expert_parallel_runner(
+      *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, 2, [](int64_t l, int64_t e) {
+                 return int((e * 3 + l) % 2);
+               })),
+               .devices = {0, 1}});
+  const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 6);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
 }
 
 TEST(CudaRunnerModels, QuantizedGgufsGreedyMatchTheCpuRunner) {

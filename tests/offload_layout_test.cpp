@@ -282,6 +282,53 @@ TEST(OffloadLayout, OnlyTheLayersOfTheAskedGpu) {
   EXPECT_EQ(g0.planned_host_bytes + g1.planned_host_bytes, plan.host_expert_bytes());
 }
 
+// An expert-parallel plan (version 2): every GPU lays out every MoE layer, holding the experts it
+// owns where the plan says (VRAM or host) and none of the others; the GPUs' layouts together hold
+// each expert exactly once.
+TEST(OffloadLayout, ExpertParallelPlansLayOutEachGpusOwnExperts) {
+  const test::ExpertShape shape;
+  const test::ExpertBytes ex(shape);
+  offload::PlacementPlan plan = test::share_plan(shape, 0.5);
+  plan.n_gpus = 2;
+  plan.expert_parallel = true;
+  for (offload::PlannedLayer& pl : plan.layers) {
+    pl.gpu = -1;
+    if (!pl.moe) continue;
+    pl.owners.resize(size_t(pl.experts));
+    for (int64_t e = 0; e < pl.experts; ++e) pl.owners[size_t(e)] = int32_t((e * 7 + pl.layer) % 3 == 0);
+  }
+  const offload::ExpertSources src = ex.sources();
+  offload::check_plan(plan, src);
+  std::vector<offload::StoreLayout> lays;
+  for (int g = 0; g < 2; ++g) lays.push_back(offload::layout_experts(plan, src, {}, {.gpu = g}));
+  int64_t planned_host = 0;
+  for (int g = 0; g < 2; ++g) {
+    ASSERT_EQ(lays[size_t(g)].layers.size(), 2u) << "GPU " << g;
+    planned_host += lays[size_t(g)].planned_host_bytes;
+  }
+  EXPECT_EQ(planned_host, plan.host_expert_bytes());
+  EXPECT_EQ(lays[0].vram_experts + lays[1].vram_experts + lays[0].host_copied + lays[1].host_copied,
+            2 * shape.n_experts);
+  for (size_t i = 0; i < 2; ++i) {
+    const offload::PlannedLayer& pl = plan.layers[size_t(lays[0].layers[i].layer)];
+    std::set<int32_t> on_host(pl.host.begin(), pl.host.end());
+    for (size_t e = 0; e < size_t(shape.n_experts); ++e) {
+      const int owner = pl.owners[e];
+      for (int g = 0; g < 2; ++g) {
+        const Home h = lays[size_t(g)].layers[i].experts[e].home;
+        if (g != owner) EXPECT_EQ(h, Home::AnotherGpu) << "layer " << pl.layer << " expert " << e << " GPU " << g;
+        else EXPECT_EQ(h, on_host.count(int32_t(e)) ? Home::HostCopy : Home::Vram) << "layer " << pl.layer << " expert " << e;
+      }
+    }
+    EXPECT_EQ(lays[0].layers[i].elsewhere + lays[1].layers[i].elsewhere, shape.n_experts);
+  }
+  for (int g = 0; g < 2; ++g) {
+    expect_disjoint_spans(lays[size_t(g)], Home::Vram);
+    expect_disjoint_spans(lays[size_t(g)], Home::HostCopy);
+    EXPECT_EQ(lays[size_t(g)].vram_bytes, lays[size_t(g)].vram_experts * lays[size_t(g)].layers[0].span.bytes);
+  }
+}
+
 // ---- the plan against a loaded model --------------------------------------------------------
 
 // A tiny Qwen3-MoE written as a Q8_0 GGUF (hidden 64, expert width 32: whole Q8_0 blocks).

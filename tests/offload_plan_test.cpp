@@ -178,6 +178,11 @@ TEST(OffloadPlan, ReadsBackAnExpertParallelPlan) {
   const offload::PlacementPlan plan = offload::parse_plan(text, "plan.json");
   EXPECT_TRUE(plan.expert_parallel);
   EXPECT_EQ(plan.n_gpus, 2);
+  EXPECT_EQ(plan.split.attention, outcome.plan.split.attention);
+  EXPECT_EQ(plan.split.shared, outcome.plan.split.shared);
+  EXPECT_EQ(plan.split.dense, outcome.plan.split.dense);
+  EXPECT_EQ(plan.split.vocab, outcome.plan.split.vocab);
+  EXPECT_TRUE(plan.split.vocab);  // whole rows: any count splits
   ASSERT_EQ(plan.layers.size(), 48u);
   for (size_t l = 0; l < 48; ++l) {
     EXPECT_EQ(plan.layers[l].gpu, -1);
@@ -190,6 +195,8 @@ TEST(OffloadPlan, ReadsBackAnExpertParallelPlan) {
   const std::vector<BrokenPlan> cases = {
       {"parallel.kind", [](json& j) { j["parallel"]["kind"] = "layers"; }},
       {"parallel", [](json& j) { j.erase("parallel"); }},
+      {"parallel.split", [](json& j) { j["parallel"].erase("split"); }},
+      {"parallel.split.attention", [](json& j) { j["parallel"]["split"]["attention"] = "yes"; }},
       {"gpus[1].layers", [](json& j) { j["gpus"][1]["layers"] = {0, 47}; }},
       {"layers[4].gpu", [](json& j) { j["layers"][4]["gpu"] = 0; }},
       {"layers[4].owners", [](json& j) { j["layers"][4].erase("owners"); }},

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_runner.h"
 #include "backend/cuda/device_info.h"
+#include "backend/cuda/expert_parallel_runner.h"
 #include "core/error.h"
 #include "core/strings.h"
 #include "model/model.h"
@@ -51,6 +52,18 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
   config.expert_cache_bytes = options.placement.expert_cache_bytes();
   if (config.expert_cache_bytes > 0 && !config.expert_plan)
     fail("--expert-cache-mem caches experts that live in host RAM: give --gpu-mem (or --plan) so that some do");
+  // An expert-parallel plan (version 2) runs on as many GPUs as it names, from cuda_index on.
+  if (config.expert_plan && config.expert_plan->expert_parallel) {
+    const int n_gpus = config.expert_plan->n_gpus;
+    const std::vector<GpuInfo> gpus = list_gpus();
+    if (cuda_index + n_gpus > int(gpus.size()))
+      fail("--plan {} spreads the experts over {} GPUs (cuda:{} to cuda:{}); this machine has {} (spill info lists "
+           "them): plan for the GPUs there are",
+           options.expert_plan, n_gpus, cuda_index, cuda_index + n_gpus - 1, gpus.size());
+    fmt::print(stderr, "[spill] expert-parallel over {} GPUs (cuda:{} to cuda:{}), NCCL all-reduce after each MoE layer\n",
+               n_gpus, cuda_index, cuda_index + n_gpus - 1);
+    return make_expert_parallel_runner(model, {.runner = config});
+  }
   return make_cuda_runner(model, config);
 }
 // ===============================================================================================

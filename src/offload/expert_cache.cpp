@@ -22,7 +22,7 @@ ExpertCache::ExpertCache(const ExpertStore& store, CachePolicyOptions policy)
         std::vector<std::vector<bool>> host;
         for (const LayerLayout& l : store.layout().layers) {
           std::vector<bool> h(l.experts.size());
-          for (size_t e = 0; e < l.experts.size(); ++e) h[e] = l.experts[e].home != Home::Vram;
+          for (size_t e = 0; e < l.experts.size(); ++e) h[e] = on_host(l.experts[e].home);
           host.push_back(std::move(h));
         }
         return host;

@@ -17,6 +17,7 @@ const char* home_name(Home h) {
     case Home::Vram: return "vram";
     case Home::HostInPlace: return "host (in place)";
     case Home::HostCopy: return "host (pinned copy)";
+    case Home::AnotherGpu: return "another GPU";
   }
   return "?";
 }
@@ -68,22 +69,25 @@ SpanLayout span_layout(const MoeLayerSource& l) {
 StoreLayout layout_experts(const PlacementPlan& plan, const ExpertSources& src, const std::vector<MappedRegion>& regions,
                            const LayoutOptions& opt) {
   if (opt.page == 0 || (opt.page & (opt.page - 1)) != 0) fail("layout_experts: page size {} is not a power of two", opt.page);
-  if (plan.expert_parallel)
-    fail("{}: an expert-parallel plan (version 2) spreads each layer's experts over {} GPUs; the expert store lays out "
-         "the layers of one GPU of a layer split (plan with --parallel layers, or for one GPU)",
-         plan.where, plan.n_gpus);
   StoreLayout out;
   std::vector<AddressRange> covers;
   for (size_t i = 0; i < src.moe_layers.size(); ++i) {
     const MoeLayerSource& ml = src.moe_layers[i];
     const PlannedLayer& pl = plan.layers[size_t(ml.layer)];
-    if (pl.gpu != opt.gpu) continue;
+    if (!plan.expert_parallel && pl.gpu != opt.gpu) continue;
     LayerLayout ll{.layer = ml.layer, .source = i, .span = span_layout(ml)};
     ll.experts.resize(ml.experts.size());
     std::vector<uint8_t> on_host(ml.experts.size(), 0);
     for (int32_t e : pl.host) on_host[size_t(e)] = 1;
+    int64_t planned_host = 0;
     for (size_t e = 0; e < ml.experts.size(); ++e) {
       ExpertPlace& place = ll.experts[e];
+      if (plan.expert_parallel && pl.owners[e] != opt.gpu) {
+        place = {.home = Home::AnotherGpu, .offset = 0};
+        ++ll.elsewhere;
+        continue;
+      }
+      planned_host += on_host[e];
       if (!on_host[e]) {
         place = {.home = Home::Vram, .offset = ll.vram_bytes};
         ll.vram_bytes += ll.span.bytes;
@@ -124,7 +128,7 @@ StoreLayout layout_experts(const PlacementPlan& plan, const ExpertSources& src, 
     out.vram_experts += ll.vram_experts;
     out.host_in_place += ll.host_in_place;
     out.host_copied += ll.host_copied;
-    out.planned_host_bytes += int64_t(pl.host.size()) * pl.expert_bytes;
+    out.planned_host_bytes += planned_host * pl.expert_bytes;
     out.layers.push_back(std::move(ll));
   }
   out.registrations = merge_ranges(std::move(covers));

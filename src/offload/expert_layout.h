@@ -70,8 +70,11 @@ struct SpanLayout {
 };
 SpanLayout span_layout(const MoeLayerSource& layer);
 
-enum class Home : uint8_t { Vram, HostInPlace, HostCopy };
+// Another GPU: under an expert-parallel plan, an expert the plan gives to a different GPU; this
+// GPU's table has no entry for it (its router share never sends a token there).
+enum class Home : uint8_t { Vram, HostInPlace, HostCopy, AnotherGpu };
 const char* home_name(Home h);
+inline bool on_host(Home h) { return h == Home::HostInPlace || h == Home::HostCopy; }
 
 struct ExpertPlace {
   Home home = Home::Vram;
@@ -85,6 +88,7 @@ struct LayerLayout {
   std::vector<ExpertPlace> experts{};
   int64_t vram_bytes = 0;  // the layer's VRAM block
   int64_t vram_experts = 0, host_in_place = 0, host_copied = 0;
+  int64_t elsewhere = 0;   // expert-parallel plans: the layer's experts other GPUs own
 };
 
 struct LayoutOptions {
@@ -113,7 +117,8 @@ struct StoreLayout {
   int64_t host_bytes() const { return host_copy_bytes + registered_bytes; }
 };
 
-// Lays out the experts of the plan's layers on `options.gpu`. `regions` is the process's mappings
+// Lays out the experts of the plan's layers on `options.gpu` (of an expert-parallel plan: every
+// MoE layer, with the experts `options.gpu` owns; the others are Home::AnotherGpu). `regions` is the process's mappings
 // (read_process_maps()), which decide what can be read in place. The plan must have passed
 // check_plan against `sources`.
 StoreLayout layout_experts(const PlacementPlan& plan, const ExpertSources& sources,

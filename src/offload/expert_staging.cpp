@@ -52,7 +52,7 @@ Merged merge_layer(const ExpertStore& store, const LayerLayout& ll) {
   const std::vector<cuda::ExpertWeights>& table = store.host_table(ll.layer);
   Merged m;
   for (size_t e = 0; e < ll.experts.size(); ++e) {
-    if (ll.experts[e].home == Home::Vram) continue;
+    if (!on_host(ll.experts[e].home)) continue;
     const cuda::ExpertWeights& w = table[e];
     m.parts.push_back({static_cast<const uint8_t*>(w.gate), gate_bytes, int32_t(e), 0});
     m.parts.push_back({static_cast<const uint8_t*>(w.up), gate_bytes, int32_t(e), 1});

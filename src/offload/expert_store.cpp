@@ -390,6 +390,10 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
         const ExpertPlace& place = ll.experts[e];
         const HostExpert& x = ml.experts[e];
         cuda::ExpertWeights& w = lt.host[e];
+        if (place.home == Home::AnotherGpu) {
+          w = {};  // never read: this GPU's router share sends no token to it
+          continue;
+        }
         if (place.home == Home::HostInPlace) {
           w = {in_place_address(x.gate), in_place_address(x.up), in_place_address(x.down)};
           continue;

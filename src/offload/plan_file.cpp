@@ -124,6 +124,11 @@ PlacementPlan parse_plan(std::string_view text, const std::string& where, const 
     const json& parallel = r.object(root, "", "parallel");
     if (r.string(parallel, "parallel", "kind") != "experts")
       r.bad("parallel.kind", "must be \"experts\" in a version 2 plan, got " + describe_json(parallel["kind"]));
+    const json& split = r.object(parallel, "parallel", "split");
+    p.split = {.attention = r.boolean(split, "parallel.split", "attention"),
+               .shared = r.boolean(split, "parallel.split", "shared"),
+               .dense = r.boolean(split, "parallel.split", "dense"),
+               .vocab = r.boolean(split, "parallel.split", "vocab")};
   } else if (root.contains("parallel")) {
     r.bad("parallel", "belongs to version 2 plans; this one is version 1 (a layer split)");
   }

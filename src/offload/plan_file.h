@@ -35,6 +35,11 @@ struct PlacementPlan {
   bool embedding_on_host = false;
   int n_gpus = 0;
   bool expert_parallel = false;  // version 2: every GPU takes part in every layer (docs/placement.md)
+  // Version 2: which non-expert parts the plan split over the GPUs (true) or replicated (false).
+  struct Split {
+    bool attention = false, shared = false, dense = false, vocab = false;
+    bool any() const { return attention || shared || dense || vocab; }
+  } split{};
   std::vector<PlannedLayer> layers;  // layers[l].layer == l
 
   int64_t host_expert_count() const;           // sum of the host lists

@@ -156,4 +156,15 @@ void Collectives::all_reduce_sum(std::span<float* const> buffers, int64_t count,
   if (rc != kNcclSuccess) fail("collectives: all-reduce of {} floats over {} GPUs failed: {}", count, comms_.size(), n.error(rc));
 }
 
+void Collectives::all_reduce_sum_of_rank(int rank, float* buffer, int64_t count, cudaStream_t stream) {
+  const Nccl& n = nccl();
+  if (rank < 0 || rank >= size()) fail("collectives: rank {} of {} (internal error)", rank, size());
+  if (count < 0) fail("collectives: all-reduce of {} floats", count);
+  if (count == 0) return;
+  const int rc = n.all_reduce(buffer, buffer, size_t(count), kNcclFloat32, kNcclSum, comms_[size_t(rank)], stream);
+  if (rc != kNcclSuccess)
+    fail("collectives: all-reduce of {} floats on GPU {} (rank {} of {}) failed: {}", count, devices_[size_t(rank)], rank,
+         size(), n.error(rc));
+}
+
 }  // namespace spill::cuda

@@ -46,6 +46,9 @@ class Collectives {
   // one NCCL group, so every rank's part is issued before any of them waits. Ranks add in NCCL's
   // order, the same on every rank: each GPU ends with the same bits.
   void all_reduce_sum(std::span<float* const> buffers, int64_t count, std::span<const cudaStream_t> streams);
+  // One rank's part of the same all-reduce, for a process that drives each GPU from its own thread
+  // (every rank's thread must make the matching call; no group needed). Capturable in a CUDA graph.
+  void all_reduce_sum_of_rank(int rank, float* buffer, int64_t count, cudaStream_t stream);
 
  private:
   Collectives() = default;

@@ -119,6 +119,9 @@ struct DeviceLayer {
   const cuda::ExpertWeights* expert_table = nullptr;  // device [n_experts]: the runner's, or the store's
   cuda::MoePlan moe_plan;                        // block-format experts
   int64_t moe_index = -1;                        // among the MoE layers
+  // An expert-parallel shard's experts: device [n_experts], 1 where this GPU holds the expert (the
+  // router writes the others' ids as -1 for the MoE kernels); null: every expert is this GPU's.
+  const uint8_t* owned = nullptr;
 };
 
 class CudaRunner final : public ModelRunner {
@@ -165,6 +168,8 @@ class CudaRunner final : public ModelRunner {
   void build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts);
   // Builds the expert store from config_.expert_plan and points each MoE layer at its table.
   void place_experts(const Model& model);
+  // An expert-parallel shard (config.shard.sums set): GPU shard.rank of shard.world.
+  bool sharded() const { return config_.shard.sums != nullptr; }
   void prepare_staging();  // staging_ when it fits, else staging_note_ says why not
   int64_t first_moe_max_tokens() const {
     for (const DeviceLayer& d : layers_)
@@ -249,6 +254,8 @@ class CudaRunner final : public ModelRunner {
   float *final_rows_ = nullptr, *logits_dev_ = nullptr, *attn_workspace_ = nullptr, *scratch_ = nullptr;
   float* shared_out_ = nullptr;  // [N, H]: a MoE layer's shared experts, added with its routed ones
   int32_t* route_ids_ = nullptr;
+  int32_t* share_ids_ = nullptr;  // [N, K] an expert-parallel shard's ids: route_ids_, others' experts -1
+  DeviceAlloc owned_mem_;         // the shard's DeviceLayer::owned masks, [moe layers][n_experts]
   void* moe_workspace_ = nullptr;
   // h_'s rows rounded to int8 by the RMSNorm that writes h_, when the next GEMMs run on tensor cores
   // (prompts): one rounding for q, k and v, or for the router's experts and the shared experts.
@@ -433,6 +440,23 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   check(cudaSetDevice(config.device), "CUDA runner: selecting the device");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "CUDA runner: creating a stream");
 
+  if (sharded()) {
+    const ExpertShard& sh = config.shard;
+    if (sh.world < 1 || sh.rank < 0 || sh.rank >= sh.world)
+      fail("CUDA runner: expert-parallel rank {} of {} GPUs (internal error)", sh.rank, sh.world);
+    if (!config.expert_plan || !config.expert_plan->expert_parallel)
+      fail("CUDA runner: GPU {} of an expert-parallel group needs an expert-parallel plan (version 2; spill plan "
+           "--parallel experts)",
+           sh.rank);
+    const offload::PlacementPlan& plan = *config.expert_plan;
+    if (plan.n_gpus != sh.world)
+      fail("CUDA runner: {} spreads the experts over {} GPUs; the group has {}", plan.where, plan.n_gpus, sh.world);
+    if (plan.split.any())
+      fail("CUDA runner: {} splits {}{}{}{}over the GPUs; spill's expert-parallel runner keeps a copy of everything "
+           "but the routed experts on each GPU (plan again with --attention replicated)",
+           plan.where, plan.split.attention ? "attention " : "", plan.split.shared ? "shared experts " : "",
+           plan.split.dense ? "dense MLPs " : "", plan.split.vocab ? "the embedding and head " : "");
+  }
   upload_weights(model);
   prepare_expert_counts();
   allocate_workspace();
@@ -692,12 +716,14 @@ void CudaRunner::prepare_staging() {
 
 void CudaRunner::place_experts(const Model& model) {
   const offload::PlacementPlan& plan = *config_.expert_plan;
-  if (plan.expert_parallel)
+  if (plan.expert_parallel && !sharded())
     fail("CUDA runner: {} spreads every layer's experts over {} GPUs (expert parallelism); one runner holds a whole "
-         "model on one GPU (plan for one GPU: spill plan --gpu-mem SIZE)",
+         "model on one GPU (make_expert_parallel_runner runs the group; or plan for one GPU: spill plan --gpu-mem SIZE)",
          plan.where, plan.n_gpus);
+  if (!plan.expert_parallel && sharded())
+    fail("CUDA runner: {} is a layer split (version 1); an expert-parallel group needs a plan of version 2", plan.where);
   for (const offload::PlannedLayer& pl : plan.layers)
-    if (pl.gpu != 0)
+    if (!plan.expert_parallel && pl.gpu != 0)
       fail("CUDA runner: {} puts layer {} on GPU {}; one runner holds a whole model on one GPU (plan for one GPU)",
            plan.where, pl.layer, pl.gpu);
   for (int64_t l = 0; l < spec_.n_layers; ++l)
@@ -705,15 +731,28 @@ void CudaRunner::place_experts(const Model& model) {
       fail("CUDA runner: an expert plan places block-format experts; layer {}'s are {} (quantize them, e.g. "
            "--quant q4_k_m)",
            l, dtype_name(layers_[size_t(l)].expert_gate_up_type));
-  store_ = offload::build_expert_store(model, plan, {.plan_gpu = 0, .cuda_device = config_.device,
+  const int rank = sharded() ? config_.shard.rank : 0;
+  store_ = offload::build_expert_store(model, plan, {.plan_gpu = rank, .cuda_device = config_.device,
                                                      .in_place = config_.experts_in_place});
+  // A shard's masks: which experts of each MoE layer are this GPU's (the router's share).
+  std::vector<uint8_t> owned;
+  for (int64_t l = 0; l < spec_.n_layers && sharded(); ++l)
+    if (layers_[size_t(l)].moe)
+      for (int32_t o : plan.layers[size_t(l)].owners) owned.push_back(o == rank);
+  if (!owned.empty()) {
+    owned_mem_.allocate(owned.size(), "the expert-parallel masks");
+    check(cudaMemcpy(owned_mem_.ptr, owned.data(), owned.size(), cudaMemcpyHostToDevice),
+          "CUDA runner: uploading the expert-parallel masks");
+  }
+  int64_t moe_index = 0;
   for (int64_t l = 0; l < spec_.n_layers; ++l) {
     DeviceLayer& d = layers_[size_t(l)];
     if (!d.moe) continue;
     d.expert_table = store_->device_table(l);
     if (!d.expert_table) fail("CUDA runner: {} gives MoE layer {} no experts table (internal error)", plan.where, l);
+    if (owned_mem_.ptr) d.owned = owned_mem_.as<uint8_t>() + moe_index++ * spec_.n_experts;
   }
-  weight_bytes_ += store_->report().vram_bytes + store_->report().table_bytes;
+  weight_bytes_ += store_->report().vram_bytes + store_->report().table_bytes + int64_t(owned.size());
 }
 
 void CudaRunner::build_expert_tables(int64_t layer, std::span<const cuda::ExpertWeights> experts) {
@@ -761,6 +800,7 @@ void CudaRunner::allocate_workspace() {
       {reinterpret_cast<void**>(&router_logits_), N * E * 4},
       {reinterpret_cast<void**>(&route_weights_), N * K * 4},
       {reinterpret_cast<void**>(&route_ids_), N * K * 4},
+      {reinterpret_cast<void**>(&share_ids_), sharded() ? N * K * 4 : 4},
       {reinterpret_cast<void**>(&gate_up_), N * 2 * I * 4},
       {reinterpret_cast<void**>(&mlp_act_), N * I * 4},
       {reinterpret_cast<void**>(&final_rows_), logit_rows_per_pass_ * H * 4},
@@ -875,7 +915,7 @@ void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table,
       a.table = table;
       a.x = x + t0 * H;
       a.n = nt;
-      a.ids = route_ids_ + t0 * K;
+      a.ids = (d.owned ? share_ids_ : route_ids_) + t0 * K;
       a.weights = route_weights_ + t0 * K;
       a.out = out + t0 * H;
       a.workspace = moe_workspace_;
@@ -943,6 +983,9 @@ void CudaRunner::forward(const ForwardBatch& batch, std::vector<float>& logits, 
 void CudaRunner::forward_sample(const ForwardBatch& batch, std::span<SequenceSampler* const> samplers, StepResult& out,
                                 ForwardObserver* observer) {
   if (batch.all_logits) fail("forward_sample: a batch that wants every token's logits is for forward() (internal error)");
+  if (sharded() && config_.shard.rank > 0)
+    fail("forward_sample: GPU {} of an expert-parallel group computes no logits; rank 0 samples (internal error)",
+         config_.shard.rank);
   if (int64_t(samplers.size()) != batch.n_logit_rows())
     fail("forward_sample: {} samplers for {} logit rows (internal error)", samplers.size(), batch.n_logit_rows());
   if (!sampling_) {
@@ -1027,6 +1070,8 @@ int64_t CudaRunner::run_step(const ForwardBatch& batch, ForwardObserver* observe
       rows_h[st.rows++] = c.first_token + c.n_tokens - 1;
     }
   }
+  // Ranks past 0 of an expert-parallel group compute no logits (rank 0 samples).
+  if (sharded() && config_.shard.rank > 0) st.rows = 0;
   uint8_t* md = meta_dev_.as<uint8_t>();
   check(cudaMemcpyAsync(md, mh, meta_.tables + size_t(table_len) * 4, cudaMemcpyHostToDevice, stream_),
         "CUDA runner: copying the step's metadata");
@@ -1040,7 +1085,9 @@ int64_t CudaRunner::run_step(const ForwardBatch& batch, ForwardObserver* observe
 
   if (logits_out) logits_out->resize(size_t(st.rows * V));
   event_ops_.clear();
-  if (decode_only && n > 0 && config_.cuda_graphs && !config_.profile_ops && st.rows <= logit_rows_per_pass_) {
+  const bool capturable = !sharded() || config_.shard.sums->capturable();
+  if (decode_only && n > 0 && config_.cuda_graphs && capturable && !config_.profile_ops &&
+      st.rows <= logit_rows_per_pass_) {
     // Decode steps replay a graph captured once per (batch size, attention partitions): nothing
     // that changes per step is in it (tokens, positions, slots, block tables and the expert
     // tables are read from device memory).
@@ -1205,7 +1252,8 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
       const int64_t E = spec_.n_experts, K = spec_.n_experts_per_token;
       linear(d.router, h_, n, router_logits_, d.router_bias);
       mark("router matmul");
-      cuda::route_topk(router_logits_, n, E, K, spec_.norm_topk_prob, route_ids_, route_weights_, stream_);
+      cuda::route_topk(router_logits_, n, E, K, spec_.norm_topk_prob, route_ids_, route_weights_, stream_,
+                       {.owned = d.owned, .ids = d.owned ? share_ids_ : nullptr});
       ++launches_;
       mark("router top-k");
       if (observer) {
@@ -1220,6 +1268,12 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
       experts(d, st.staged ? staging_->table(l) : d.expert_table, h_, n, mlp_out_, mlp_in);
       if (st.staged) staging_->after_experts(d.moe_index, stream_);
       mark("routed experts");
+      if (sharded()) {
+        // This GPU's experts' rows into every GPU's sum (the shared experts, replicated, stay apart).
+        config_.shard.sums->sum(config_.shard.rank, mlp_out_, n * H, stream_);
+        ++launches_;
+        mark("expert all-reduce");
+      }
       pending_shared = d.mlp_width > 0;
       if (pending_shared) {
         swiglu_mlp(d, h_, n, shared_out_, mlp_in);
@@ -1279,7 +1333,7 @@ void CudaRunner::prepare_expert_counts() {
     const int64_t I = spec_.moe_intermediate_size, H = spec_.hidden_size;
     expert_bytes_.push_back(2 * I * row_bytes(d.expert_gate_up_type, H) + H * row_bytes(d.expert_down_type, I));
     for (int64_t e = 0; e < E; ++e)
-      if (store_ && store_->home(l, e) != offload::Home::Vram) host_experts_.push_back(int32_t(d.moe_index * E + e));
+      if (store_ && offload::on_host(store_->home(l, e))) host_experts_.push_back(int32_t(d.moe_index * E + e));
   }
   if (config_.expert_cache_bytes > 0 && !store_)
     fail("CUDA runner: an expert cache (--expert-cache-mem) caches experts the plan puts in host RAM; there are none "
@@ -1389,6 +1443,8 @@ std::string CudaRunner::describe() const {
                          staging_->bytes() / 2 / 1073741824.0);
   else if (!staging_note_.empty())
     cache += ", " + staging_note_;
+  if (sharded())
+    cache += fmt::format(", expert-parallel GPU {} of {}", config_.shard.rank, config_.shard.world);
   return fmt::format("cuda:{} ({}; weights {:.2f} GiB, KV {} blocks of {} in {} = {:.2f} GiB, workspace {:.2f} GiB{})",
                      config_.device, name, weight_bytes_ / 1073741824.0, config_.kv.n_blocks, config_.kv.block_size,
                      kv_format_name(config_.kv.format), kv_bytes_ / 1073741824.0, workspace_bytes_ / 1073741824.0,

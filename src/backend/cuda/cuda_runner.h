@@ -27,6 +27,25 @@ namespace spill {
 
 class Model;
 
+// Expert parallelism (an expert-parallel plan, docs/placement.md): each GPU runs a CudaRunner that
+// holds the experts the plan gives it and a copy of everything else. After each MoE layer's routed
+// experts, its rows hold the sum over its own experts only; PartialSums leaves in them the sum over
+// every GPU, the same bits on each, so all GPUs carry the same hidden rows into the next layer.
+class PartialSums {
+ public:
+  virtual ~PartialSums() = default;
+  // rows: count floats in rank's device memory, summed in place; enqueued on `stream` (the rank's
+  // cudaStream_t), called from the thread that drives that rank.
+  virtual void sum(int rank, float* rows, int64_t count, void* stream) = 0;
+  // Whether sum() may be captured into a CUDA graph (NCCL's may; an exchange through the host may not).
+  virtual bool capturable() const = 0;
+};
+
+struct ExpertShard {
+  int rank = 0, world = 1;
+  PartialSums* sums = nullptr;  // not owned; null: not a shard (the whole model on this GPU)
+};
+
 struct CudaRunnerConfig {
   // Block size and blocks in the pool (all layers of a block together). n_blocks 0: as many as
   // kv_budget_bytes holds, or with no budget the free device memory after the weights and the
@@ -70,6 +89,11 @@ struct CudaRunnerConfig {
   // without a plan does not pay it), Always, or Off (to measure that cost; no cache then).
   enum class ExpertCounting { WithPlan, Always, Off };
   ExpertCounting count_experts = ExpertCounting::WithPlan;
+  // GPU `shard.rank` of an expert-parallel group (needs an expert_plan of version 2 over shard.world
+  // GPUs, with nothing but the experts split): the plan's experts of that GPU, attention, shared
+  // experts and dense MLPs replicated. Ranks past 0 compute no logits: forward() leaves them empty
+  // and forward_sample is rank 0's (make_expert_parallel_runner drives the group).
+  ExpertShard shard{};
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).

@@ -1207,7 +1207,7 @@ void launch_attention_merge(const AttentionArgs& a, int32_t parts, cudaStream_t 
 // ---- router ----------------------------------------------------------------------------------------
 // One warp per token. Probabilities in shared memory; k rounds of a warp argmax (ties to the lower id).
 __global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
-                                  float* weights) {
+                                  float* weights, RouteShare share) {
   overlap_prologue();
   extern __shared__ float probs[];
   const int64_t t = blockIdx.x;
@@ -1245,6 +1245,7 @@ __global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_
     if (best_id == 0x7fffffff) best_id = 0, best = 0.0f;  // all NaN: never happens with finite logits
     if (lane == 0) {
       ids[t * k + j] = best_id;
+      if (share.ids) share.ids[t * k + j] = share.owned[best_id] ? best_id : -1;
       weights[t * k + j] = best;
       probs[best_id] = -2.0f;  // taken
     }
@@ -1260,7 +1261,7 @@ __global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_
 // trips between the k rounds.
 template <int kPer>
 __global__ void route_topk_regs_kernel(const float* logits, int32_t n_experts, int32_t k, bool renormalise, int32_t* ids,
-                                       float* weights) {
+                                       float* weights, RouteShare share) {
   overlap_prologue();
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x;
@@ -1312,12 +1313,14 @@ __global__ void route_topk_regs_kernel(const float* logits, int32_t n_experts, i
       my_w[j] = best;
     } else if (lane == 0) {
       ids[t * k + j] = best_id;
+      if (share.ids) share.ids[t * k + j] = share.owned[best_id] ? best_id : -1;
       weights[t * k + j] = best;  // renormalised below
     }
   }
   if (lane == 0) {
     for (int32_t j = 0; j < k && j < 8; ++j) {
       ids[t * k + j] = my_ids[j];
+      if (share.ids) share.ids[t * k + j] = share.owned[my_ids[j]] ? my_ids[j] : -1;
       weights[t * k + j] = renormalise ? __fdiv_rn(my_w[j], top_sum) : my_w[j];
     }
     if (renormalise)
@@ -1808,20 +1811,22 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
 }
 
 void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
-                float* weights, cudaStream_t stream) {
+                float* weights, cudaStream_t stream, RouteShare share) {
   if (n <= 0) return;
   if (n_experts <= 0 || n_experts > 8192 || k <= 0 || k > n_experts)
     throw_error("router: need 1 <= top_k (" + str(k) + ") <= n_experts (" + str(n_experts) + ") <= 8192");
+  if ((share.ids == nullptr) != (share.owned == nullptr))
+    throw_error("router: a GPU's share of the experts needs both its owned mask and its ids (internal error)");
   const dim3 grid(grid_dim(n, "router"));
   if (n_experts <= 128)
     launch("launching the router kernel", route_topk_regs_kernel<4>, grid, dim3(32), 0, stream, logits,
-           int32_t(n_experts), int32_t(k), renormalise, ids, weights);
+           int32_t(n_experts), int32_t(k), renormalise, ids, weights, share);
   else if (n_experts <= 256)
     launch("launching the router kernel", route_topk_regs_kernel<8>, grid, dim3(32), 0, stream, logits,
-           int32_t(n_experts), int32_t(k), renormalise, ids, weights);
+           int32_t(n_experts), int32_t(k), renormalise, ids, weights, share);
   else
     launch("launching the router kernel", route_topk_kernel, grid, dim3(32), size_t(n_experts) * sizeof(float), stream,
-           logits, n_experts, k, renormalise, ids, weights);
+           logits, n_experts, k, renormalise, ids, weights, share);
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, int64_t width, float* out, cudaStream_t stream) {

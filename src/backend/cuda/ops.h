@@ -140,8 +140,16 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream);
 // ---- router (twin: cpu::route_topk) ---------------------------------------------------------------
 // Softmax over logits [n, n_experts], top-k per row (descending; ties to the lower id), optionally
 // renormalised to sum 1. ids/weights: [n, k].
+// Under expert parallelism each GPU runs only the experts it owns: with `share` set, the ids are
+// also written to share.ids with every expert whose share.owned[id] is 0 replaced by -1 (which the
+// MoE kernels count as contributing zero), so the full ids stay for observers and the GPU's own
+// list costs no launch.
+struct RouteShare {
+  const uint8_t* owned = nullptr;  // device [n_experts]: 1 where this GPU holds the expert
+  int32_t* ids = nullptr;          // device [n, k]
+};
 void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
-                float* weights, cudaStream_t stream);
+                float* weights, cudaStream_t stream, RouteShare share = {});
 
 // ---- SiLU * up (twin: cpu::swiglu_mlp's middle) ---------------------------------------------------
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, width + i] (gate and up side by side, ld = 2 width)
