@@ -13,7 +13,7 @@
 //                          [--host-share F | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
 //                          [--expert-cache-mem BYTES] [--no-staging]
 //                          [--routing-skew zipf:S]
-//                          [--warmup N]
+//                          [--warmup N] [--expert-parallel G]
 // With host experts, the host bytes each step read are also measured (the runner's expert
 // traffic counters) beside the prediction from the observed step's routing; with the expert cache,
 // --warmup decode steps (default 300) run before the timed ones, so the cache has filled.
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_runner.h"
+#include "backend/cuda/expert_parallel_runner.h"
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -59,6 +60,7 @@ struct Args {
   bool host_logits = false;
   double host_share = 0;  // > 0: this share of every MoE layer's experts in host RAM (a uniform plan)
   std::string plan;       // a placement plan file (spill plan --out) instead
+  int expert_parallel = 0;  // --expert-parallel G: the plan's experts spread over cuda:0..G-1 (expert e on e % G)
   std::string gpu_mem;    // --gpu-mem: plan at start-up as spill serve does (the fit report is printed)
   std::string host_experts;  // --host-experts: with --gpu-mem, at least this share of experts on host
   bool staging = true;       // --no-staging: prefill reads host experts in place
@@ -98,6 +100,7 @@ int main(int argc, char** argv) {
     else if (f == "--model") a.model = next();
     else if (f == "--host-share") a.host_share = std::atof(next().c_str());
     else if (f == "--plan") a.plan = next();
+    else if (f == "--expert-parallel") a.expert_parallel = std::atoi(next().c_str());
     else if (f == "--expert-cache-mem") a.cache_mem = next();
     else if (f == "--gpu-mem") a.gpu_mem = next();
     else if (f == "--host-experts") a.host_experts = next();
@@ -177,8 +180,27 @@ int main(int argc, char** argv) {
       config.expert_plan = std::move(planned.plan);
     }
     if (!a.cache_mem.empty()) config.expert_cache_bytes = placement::parse_byte_size(a.cache_mem, "--expert-cache-mem");
-    auto runner = make_cuda_runner(*model, config);
-    const CudaRunnerStats st = cuda_runner_stats(*runner);
+    std::unique_ptr<ModelRunner> runner;
+    CudaRunnerStats st;
+    if (a.expert_parallel > 0) {
+      // The same placement as a group of G GPUs (expert e of every layer on GPU e % G), everything
+      // else replicated; G = 1 runs the group's code (router share, NCCL all-reduce) on one GPU.
+      offload::PlacementPlan plan = config.expert_plan ? *config.expert_plan : offload::uniform_plan_for(*model, 0.0, 1);
+      plan.expert_parallel = true;
+      plan.n_gpus = a.expert_parallel;
+      plan.split = {};
+      for (offload::PlannedLayer& pl : plan.layers) {
+        pl.gpu = -1;
+        pl.owners.clear();
+        for (int64_t e = 0; pl.moe && e < pl.experts; ++e) pl.owners.push_back(int32_t(e % a.expert_parallel));
+      }
+      config.expert_plan = std::move(plan);
+      runner = make_expert_parallel_runner(*model, {.runner = config});
+      std::printf("%s\n", runner->describe().c_str());
+    } else {
+      runner = make_cuda_runner(*model, config);
+      st = cuda_runner_stats(*runner);
+    }
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     // Bytes every step reads whatever the routing: all weights but the routed experts.
@@ -230,7 +252,7 @@ int main(int argc, char** argv) {
         }
         if (i == 0) {
           prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p_start).count();
-          if (a.profile && B == a.batches.front()) {
+          if (a.profile && a.expert_parallel == 0 && B == a.batches.front()) {
             std::printf("       prefill device time by op, last chunk (us per layer; embedding, final norm, LM head: per step):");
             for (const auto& [op, op_ms] : cuda_runner_stats(*runner).op_ms_last_step)
               std::printf(" %s %.1f;", op.c_str(),
@@ -319,7 +341,7 @@ int main(int argc, char** argv) {
                     (long long)after_steps.cache_copies, (long long)after_steps.cache_evictions, measured_roof_ms,
                     100 * measured_roof_ms / step_ms);
       }
-      if (a.profile) {
+      if (a.profile && a.expert_parallel == 0) {
         const CudaRunnerStats ps = cuda_runner_stats(*runner);
         double total = 0;
         for (const auto& [op, op_ms] : ps.op_ms_last_step) total += op_ms;
@@ -333,6 +355,7 @@ int main(int argc, char** argv) {
                 (long long)config.max_batch_tokens);
     for (double ms : prefill_times) std::printf(" %.1f ms (%.0f tok/s)", ms, a.context * 1e3 / ms);
     std::printf("\n");
+    if (a.expert_parallel > 0) return 0;  // a group has no one runner's stats
     const CudaRunnerStats after = cuda_runner_stats(*runner);
     std::printf("\nkernel launches in the last step (batch %d): %lld (%.1f per layer)\n", a.batches.back(),
                 (long long)after.launches_last_step, double(after.launches_last_step) / double(spec.n_layers));
