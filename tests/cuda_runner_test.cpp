@@ -972,6 +972,35 @@ TEST(CudaExpertParallel, PlansTheGroupCannotRunAreRefusedClearly) {
           "cuda:99");
 }
 
+// Bad input is refused before any GPU of the group starts the step (a clear error naming it), and
+// the group runs the next step as if it had not come.
+TEST(CudaExpertParallel, BadInputFailsTheStepNotTheGroup) {
+  SPILL_SKIP_WITHOUT_GPU();
+  TempDir dir("spill-cuda-ep-input");
+  auto model = small_offload_model(dir, 49);
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, 13);
+  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
+  auto group = make_expert_parallel_runner(
+      *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, 2, [](int64_t, int64_t e) {
+                 return int(e % 2);
+               })),
+               .devices = {0, 0}, .sums = ExpertParallelConfig::Sums::Host});
+  std::vector<float> lg;
+  try {
+    group->forward(s.make({{0, {3, 9999, 5}, 0}}, false), lg);
+    ADD_FAILURE() << "a token outside the vocabulary was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("9999"), std::string::npos) << e.what();
+  }
+  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
+  const std::vector<int32_t> prompt = {3, 77, 150, 9};
+  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 3);
+  const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 3);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+}
+
 // Two GPUs through NCCL (skipped with fewer): the same bits as one GPU (top-2, as above).
 TEST(CudaExpertParallel, TwoGpusGiveTheOneGpuLogits) {
   SPILL_SKIP_WITHOUT_GPU();

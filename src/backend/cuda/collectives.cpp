@@ -33,6 +33,7 @@ struct Nccl {
   const char* (*get_error_string)(int) = nullptr;
   int (*comm_init_all)(void** comms, int ndev, const int* devlist) = nullptr;
   int (*comm_destroy)(void* comm) = nullptr;
+  int (*comm_abort)(void* comm) = nullptr;
   int (*group_start)() = nullptr;
   int (*group_end)() = nullptr;
   int (*all_reduce)(const void* send, void* recv, size_t count, int type, int op, void* comm, cudaStream_t stream) =
@@ -63,6 +64,7 @@ Nccl load(const std::string& path) {
   }
   if (!n.bind(n.get_version, "ncclGetVersion") || !n.bind(n.get_error_string, "ncclGetErrorString") ||
       !n.bind(n.comm_init_all, "ncclCommInitAll") || !n.bind(n.comm_destroy, "ncclCommDestroy") ||
+      !n.bind(n.comm_abort, "ncclCommAbort") ||
       !n.bind(n.group_start, "ncclGroupStart") || !n.bind(n.group_end, "ncclGroupEnd") ||
       !n.bind(n.all_reduce, "ncclAllReduce")) {
     dlclose(n.lib);
@@ -135,6 +137,16 @@ std::unique_ptr<Collectives> Collectives::open(std::span<const int> devices) {
   return c;
 }
 
+void Collectives::abort() {
+  const Nccl& n = nccl();
+  std::lock_guard lock(abort_mu_);
+  for (void*& comm : comms_)
+    if (comm) {
+      n.comm_abort(comm);
+      comm = nullptr;
+    }
+}
+
 Collectives::~Collectives() {
   const Nccl& n = nccl();
   for (void* comm : comms_)
@@ -159,6 +171,7 @@ void Collectives::all_reduce_sum(std::span<float* const> buffers, int64_t count,
 void Collectives::all_reduce_sum_of_rank(int rank, float* buffer, int64_t count, cudaStream_t stream) {
   const Nccl& n = nccl();
   if (rank < 0 || rank >= size()) fail("collectives: rank {} of {} (internal error)", rank, size());
+  if (!comms_[size_t(rank)]) fail("collectives: the communicators were aborted after a GPU of the group failed");
   if (count < 0) fail("collectives: all-reduce of {} floats", count);
   if (count == 0) return;
   const int rc = n.all_reduce(buffer, buffer, size_t(count), kNcclFloat32, kNcclSum, comms_[size_t(rank)], stream);

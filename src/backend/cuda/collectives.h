@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,10 +50,14 @@ class Collectives {
   // One rank's part of the same all-reduce, for a process that drives each GPU from its own thread
   // (every rank's thread must make the matching call; no group needed). Capturable in a CUDA graph.
   void all_reduce_sum_of_rank(int rank, float* buffer, int64_t count, cudaStream_t stream);
+  // Aborts every communicator (ncclCommAbort): an all-reduce waiting on the device for a rank that
+  // failed returns, and every later call fails. Any thread, once a rank has failed mid-step.
+  void abort();
 
  private:
   Collectives() = default;
-  std::vector<void*> comms_;  // ncclComm_t, one per rank
+  std::vector<void*> comms_;  // ncclComm_t, one per rank (null once aborted)
+  std::mutex abort_mu_;
   std::vector<int> devices_;
 };
 

@@ -151,6 +151,7 @@ class CudaRunner final : public ModelRunner {
     }
     return s;
   }
+  void validate(const ForwardBatch& batch) const { check_batch(batch); }
   const ModelSpec& spec() const override { return spec_; }
   const KvCacheConfig& kv_config() const override { return config_.kv; }
   const RunnerLimits& limits() const override { return limits_; }
@@ -1422,6 +1423,12 @@ ExpertTraffic CudaRunner::expert_traffic() const {
 }
 
 }  // namespace
+
+void cuda_runner_check_batch(const ModelRunner& runner, const ForwardBatch& batch) {
+  const auto* r = dynamic_cast<const CudaRunner*>(&runner);
+  if (!r) fail("cuda_runner_check_batch: this runner is not a CUDA runner");
+  r->validate(batch);
+}
 
 CudaRunnerStats cuda_runner_stats(const ModelRunner& runner) {
   const auto* r = dynamic_cast<const CudaRunner*>(&runner);

@@ -39,6 +39,9 @@ class PartialSums {
   virtual void sum(int rank, float* rows, int64_t count, void* stream) = 0;
   // Whether sum() may be captured into a CUDA graph (NCCL's may; an exchange through the host may not).
   virtual bool capturable() const = 0;
+  // A rank failed mid-step: every rank waiting in sum() (on the host or on the device) stops
+  // waiting, and the sums fail from then on.
+  virtual void abort() = 0;
 };
 
 struct ExpertShard {
@@ -117,6 +120,11 @@ struct CudaRunnerStats {
 #if SPILL_HAVE_CUDA
 // The stats of a runner make_cuda_runner made; throws spill::Error for any other runner.
 CudaRunnerStats cuda_runner_stats(const ModelRunner& runner);
+
+// Checks a batch as the runner's forward does before it enqueues anything (chunks, positions,
+// block ids, limits, token ids); throws spill::Error for a bad one. A group of runners checks a step
+// once before any GPU starts it, so bad input fails the step and not the group.
+void cuda_runner_check_batch(const ModelRunner& runner, const ForwardBatch& batch);
 
 // Uploads the model's weights to config.device and allocates the KV pool and workspace there.
 // Throws spill::Error (what did not fit or is not supported, and what to do) on failure. The model

@@ -19,7 +19,7 @@ void ep_check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) fail("expert-parallel runner: {}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
-// A barrier for the group's threads that a failing rank can break, so that the others stop
+// A barrier for the group's threads that a failing rank breaks for good, so that the others stop
 // waiting and fail too instead of waiting for it forever.
 class GroupBarrier {
  public:
@@ -43,11 +43,6 @@ class GroupBarrier {
     broken_ = true;
     cv_.notify_all();
   }
-  void reset() {
-    std::lock_guard lock(mu_);
-    broken_ = false;
-    arrived_ = 0;
-  }
 
  private:
   std::mutex mu_;
@@ -66,6 +61,7 @@ class NcclSums final : public PartialSums {
     c_->all_reduce_sum_of_rank(rank, rows, count, static_cast<cudaStream_t>(stream));
   }
   bool capturable() const override { return true; }
+  void abort() override { c_->abort(); }
 
  private:
   std::unique_ptr<cuda::Collectives> c_;
@@ -96,7 +92,7 @@ class HostSums final : public PartialSums {
     ep_check(cudaStreamSynchronize(s), "copying the sum back");
   }
   bool capturable() const override { return false; }
-  GroupBarrier& barrier() { return barrier_; }
+  void abort() override { barrier_.break_it(); }
 
  private:
   GroupBarrier barrier_;
@@ -130,9 +126,7 @@ class ExpertParallelRunner final : public ModelRunner {
     if (config.sums == ExpertParallelConfig::Sums::Nccl) {
       sums_ = std::make_unique<NcclSums>(cuda::Collectives::open(devices));
     } else {
-      auto host = std::make_unique<HostSums>(world);
-      host_barrier_ = &host->barrier();
-      sums_ = std::move(host);
+      sums_ = std::make_unique<HostSums>(world);
     }
     for (int g = 0; g < world; ++g) {
       CudaRunnerConfig c = config.runner;
@@ -211,7 +205,11 @@ class ExpertParallelRunner final : public ModelRunner {
   // all. A GPU that fails breaks the host exchange's barrier, so no rank waits for it there.
   template <class Lead>
   void run_group(const ForwardBatch& batch, Lead&& lead) {
-    if (host_barrier_) host_barrier_->reset();
+    if (!failed_.empty())
+      fail("expert-parallel runner: the group stopped when {}; it runs no further steps", failed_);
+    // Bad input fails here, before any GPU starts (every GPU would refuse it alike); what fails
+    // after this is a GPU's own failure, which stops the group.
+    cuda_runner_check_batch(*shards_[0], batch);
     {
       std::lock_guard lock(mu_);
       batch_ = &batch;
@@ -224,15 +222,24 @@ class ExpertParallelRunner final : public ModelRunner {
       lead();
     } catch (...) {
       errors_[0] = std::current_exception();
-      if (host_barrier_) host_barrier_->break_it();
+      sums_->abort();
     }
     {
       std::unique_lock lock(mu_);
       done_cv_.wait(lock, [&] { return pending_ == 0; });
       batch_ = nullptr;
     }
-    for (const std::exception_ptr& e : errors_)
-      if (e) std::rethrow_exception(e);
+    // A failed step leaves the GPUs at different points of it and the sums aborted: the group ends
+    // (the engine fails the open requests), naming the first GPU that failed.
+    for (size_t g = 0; g < errors_.size(); ++g) {
+      if (!errors_[g]) continue;
+      try {
+        std::rethrow_exception(errors_[g]);
+      } catch (const std::exception& e) {
+        failed_ = fmt::format("GPU {} failed: {}", g, e.what());
+      }
+      std::rethrow_exception(errors_[g]);
+    }
   }
 
   void follow(int rank) {
@@ -251,7 +258,7 @@ class ExpertParallelRunner final : public ModelRunner {
         shards_[size_t(rank)]->forward(*batch, no_logits, nullptr);
       } catch (...) {
         errors_[size_t(rank)] = std::current_exception();
-        if (host_barrier_) host_barrier_->break_it();
+        sums_->abort();
       }
       {
         std::lock_guard lock(mu_);
@@ -262,7 +269,7 @@ class ExpertParallelRunner final : public ModelRunner {
   }
 
   std::unique_ptr<PartialSums> sums_;  // before the shards, which point at it
-  GroupBarrier* host_barrier_ = nullptr;
+  std::string failed_;  // set when a step failed: the group runs no more
   std::vector<std::unique_ptr<ModelRunner>> shards_;  // by plan GPU
   std::vector<std::thread> threads_;                  // ranks 1..world-1
   std::mutex mu_;
