@@ -30,6 +30,8 @@
 #include <random>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "backend/cpu/ops.h"
 #include "backend/cuda/collectives.h"
 #include "backend/cuda/cuda_runner.h"
@@ -870,6 +872,33 @@ std::vector<float> greedy_logits(ModelRunner& runner, const Steps& s, int64_t vo
   return all;
 }
 
+// A group over the offload model's experts (top-2, 2 MoE layers; a quarter in host RAM) against
+// the one-GPU runner: a prompt, then greedy decode steps, every step's logits bit for bit; every
+// routing is counted once (by the GPU that owns its expert) and every host expert is somewhere.
+void expect_group_gives_the_one_gpu_bits(uint64_t seed, int world, std::vector<int> devices,
+                                         ExpertParallelConfig::Sums sums,
+                                         const std::function<int(int64_t, int64_t)>& owner, const std::string& what) {
+  TempDir dir("spill-cuda-ep");
+  auto model = small_offload_model(dir, seed);
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 64, 16, &n_blocks, uint32_t(seed));
+  const std::vector<int32_t> prompt = {3, 77, 150, 9, 400, 12, 31};
+  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
+  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
+  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 6);
+  auto group = make_expert_parallel_runner(
+      *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, world, owner)),
+               .devices = std::move(devices), .sums = sums});
+  EXPECT_NE(group->describe().find(fmt::format("expert-parallel GPU {} of {}", world - 1, world)), std::string::npos)
+      << group->describe();
+  const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 6);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << what;
+  const ExpertTraffic t = group->expert_traffic();
+  EXPECT_EQ(t.routings, int64_t(prompt.size() + 6) * 2 * 2) << what << ": tokens x top-2 x 2 MoE layers";
+  EXPECT_EQ(t.host_expert_bytes, plan.host_expert_bytes()) << what;
+}
+
 // One GPU as a group of one: the same code as two GPUs (the router's share, NCCL's all-reduce
 // after each MoE layer, captured into the decode graphs) gives the one-GPU runner's logits bit for
 // bit, since every expert is its own and a sum over one rank is its rows.
@@ -877,23 +906,8 @@ TEST(CudaExpertParallel, AGroupOfOneGivesTheOneGpuRunnersBits) {
   SPILL_SKIP_WITHOUT_GPU();
   const cuda::NcclInfo nccl = cuda::nccl_info();
   if (!nccl.ok) GTEST_SKIP() << "no NCCL: " << nccl.why;
-  TempDir dir("spill-cuda-ep-one");
-  auto model = small_offload_model(dir, 41);
-  int64_t n_blocks = 0;
-  Steps s = make_steps(1, 64, 16, &n_blocks, 7);
-  const std::vector<int32_t> prompt = {3, 77, 150, 9, 400, 12, 31};
-  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
-  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
-  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 6);
-  auto group = make_expert_parallel_runner(
-      *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, 1, [](int64_t, int64_t) { return 0; }))});
-  EXPECT_NE(group->describe().find("expert-parallel GPU 0 of 1"), std::string::npos) << group->describe();
-  const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 6);
-  ASSERT_EQ(got.size(), want.size());
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
-  const ExpertTraffic t = group->expert_traffic();
-  EXPECT_EQ(t.routings, int64_t(prompt.size() + 6) * 2 * 2);  // tokens x top-2 x 2 MoE layers
-  EXPECT_EQ(t.host_expert_bytes, plan.host_expert_bytes());
+  expect_group_gives_the_one_gpu_bits(41, 1, {}, ExpertParallelConfig::Sums::Nccl, [](int64_t, int64_t) { return 0; },
+                                      "a group of one");
 }
 
 // Two GPUs' worth of ranks sharing this one (their sums through host memory): each rank runs only
@@ -905,28 +919,15 @@ TEST(CudaExpertParallel, AGroupOfOneGivesTheOneGpuRunnersBits) {
 // (its 2 gamma_K per layer for the slot sum) covers, and greedy picks agree.
 TEST(CudaExpertParallel, TwoRanksOnOneGpuGiveTheOneGpuLogits) {
   SPILL_SKIP_WITHOUT_GPU();
-  TempDir dir("spill-cuda-ep-two");
-  auto model = small_offload_model(dir, 43);
+  // Interleaved owners, then GPU 1 holding all but one expert per layer.
+  expect_group_gives_the_one_gpu_bits(43, 2, {0, 0}, ExpertParallelConfig::Sums::Host,
+                                      [](int64_t l, int64_t e) { return int((e * 3 + l) % 2); }, "interleaved");
+  expect_group_gives_the_one_gpu_bits(43, 2, {0, 0}, ExpertParallelConfig::Sums::Host,
+                                      [](int64_t l, int64_t e) { return int(e != l % 8); }, "all but one on GPU 1");
+
   int64_t n_blocks = 0;
   Steps s = make_steps(1, 64, 16, &n_blocks, 9);
   const std::vector<int32_t> prompt = {5, 71, 300, 9, 200, 12, 33, 4};
-  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
-  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
-  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 6);
-  for (int split = 0; split < 2; ++split) {
-    // Interleaved owners, then GPU 1 holding all but one expert per layer.
-    auto owner = [&](int64_t l, int64_t e) { return split == 0 ? int((e * 3 + l) % 2) : int(e != l % 8); };
-    auto group = make_expert_parallel_runner(
-        *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, 2, owner)), .devices = {0, 0},
-                 .sums = ExpertParallelConfig::Sums::Host});
-    const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 6);
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "owner split " << split;
-    const ExpertTraffic t = group->expert_traffic();
-    EXPECT_EQ(t.routings, int64_t(prompt.size() + 6) * 2 * 2) << "every routing counted once, by its owner";
-    EXPECT_EQ(t.host_expert_bytes, plan.host_expert_bytes());
-  }
-
   // Top-3, a shared expert (replicated), experts interleaved.
   const ModelSpec spec = shared_expert_spec();
   auto shared = Model::from_source(spec, make_synthetic_source(spec, shared_expert_mix(SyntheticFill::Now)));
@@ -1008,22 +1009,8 @@ TEST(CudaExpertParallel, TwoGpusGiveTheOneGpuLogits) {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << n;
   const cuda::NcclInfo nccl = cuda::nccl_info();
   if (!nccl.ok) GTEST_SKIP() << "no NCCL: " << nccl.why;
-  TempDir dir("spill-cuda-ep-nccl");
-  auto model = small_offload_model(dir, 47);
-  int64_t n_blocks = 0;
-  Steps s = make_steps(1, 64, 16, &n_blocks, 11);
-  const std::vector<int32_t> prompt = {8, 70, 301, 9, 200, 13, 33};
-  const offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.25, 5);
-  auto one = make_cuda_runner(*model, small_offload_config(n_blocks, plan));
-  const std::vector<float> want = greedy_logits(*one, s, 512, prompt, 6);
-  auto group = make_expert_parallel_runner(
-      *model, {.runner = small_offload_config(n_blocks, expert_parallel_plan(plan, 2, [](int64_t l, int64_t e) {
-                 return int((e * 3 + l) % 2);
-               })),
-               .devices = {0, 1}});
-  const std::vector<float> got = greedy_logits(*group, s, 512, prompt, 6);
-  ASSERT_EQ(got.size(), want.size());
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+  expect_group_gives_the_one_gpu_bits(47, 2, {0, 1}, ExpertParallelConfig::Sums::Nccl,
+                                      [](int64_t l, int64_t e) { return int((e * 3 + l) % 2); }, "two GPUs");
 }
 
 TEST(CudaRunnerModels, QuantizedGgufsGreedyMatchTheCpuRunner) {
