@@ -53,6 +53,11 @@ class GroupBarrier {
   bool broken_ = false;
 };
 
+// What a rank throws when it stops because another rank failed (not a failure of its own).
+struct GroupStopped : Error {
+  GroupStopped() : Error("expert-parallel runner: stopped because another GPU of the group failed during the step") {}
+};
+
 // NCCL's in-place all-reduce, each rank's part called from the thread that drives its GPU.
 class NcclSums final : public PartialSums {
  public:
@@ -79,7 +84,7 @@ class HostSums final : public PartialSums {
     mine.resize(size_t(count));
     ep_check(cudaMemcpyAsync(mine.data(), rows, size_t(count) * 4, cudaMemcpyDeviceToHost, s), "copying rows to sum");
     ep_check(cudaStreamSynchronize(s), "copying rows to sum");
-    if (!barrier_.arrive_and_wait()) fail("expert-parallel runner: another GPU of the group failed during the step");
+    if (!barrier_.arrive_and_wait()) throw GroupStopped();
     std::vector<float>& out = sums_[size_t(rank)];
     out = rows_[0];
     for (size_t r = 1; r < rows_.size(); ++r) {
@@ -87,7 +92,7 @@ class HostSums final : public PartialSums {
       for (size_t i = 0; i < out.size(); ++i) out[i] += rows_[r][i];
     }
     // Nobody refills its rows (the next layer) before every rank has read them all.
-    if (!barrier_.arrive_and_wait()) fail("expert-parallel runner: another GPU of the group failed during the step");
+    if (!barrier_.arrive_and_wait()) throw GroupStopped();
     ep_check(cudaMemcpyAsync(rows, out.data(), size_t(count) * 4, cudaMemcpyHostToDevice, s), "copying the sum back");
     ep_check(cudaStreamSynchronize(s), "copying the sum back");
   }
@@ -206,7 +211,8 @@ class ExpertParallelRunner final : public ModelRunner {
   template <class Lead>
   void run_group(const ForwardBatch& batch, Lead&& lead) {
     if (!failed_.empty())
-      fail("expert-parallel runner: the group stopped when {}; it runs no further steps", failed_);
+      throw DeviceFatalError(fmt::format("expert-parallel runner: the group stopped when {}; it runs no further steps",
+                                         failed_));
     // Bad input fails here, before any GPU starts (every GPU would refuse it alike); what fails
     // after this is a GPU's own failure, which stops the group.
     cuda_runner_check_batch(*shards_[0], batch);
@@ -230,16 +236,25 @@ class ExpertParallelRunner final : public ModelRunner {
       batch_ = nullptr;
     }
     // A failed step leaves the GPUs at different points of it and the sums aborted: the group ends
-    // (the engine fails the open requests), naming the first GPU that failed.
-    for (size_t g = 0; g < errors_.size(); ++g) {
+    // (the engine fails the open requests), naming the GPU that failed rather than those it stopped.
+    std::exception_ptr cause, stopped;
+    for (size_t g = 0; g < errors_.size() && !cause; ++g) {
       if (!errors_[g]) continue;
       try {
         std::rethrow_exception(errors_[g]);
+      } catch (const GroupStopped&) {
+        if (!stopped) stopped = errors_[g];
       } catch (const std::exception& e) {
         failed_ = fmt::format("GPU {} failed: {}", g, e.what());
+        cause = errors_[g];
       }
-      std::rethrow_exception(errors_[g]);
     }
+    if (!cause && !stopped) return;
+    if (failed_.empty()) failed_ = "its GPUs stopped";
+    // The GPUs stopped at different points of the step: their KV caches and the sums no longer
+    // agree, so no later step can run (the engine ends every open request).
+    throw DeviceFatalError(fmt::format("expert-parallel runner: {}; the group of {} GPUs runs no further steps", failed_,
+                                       shards_.size()));
   }
 
   void follow(int rank) {
