@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "backend/cuda/block_dot.cuh"
+#include "backend/cuda/kernel_limits.h"
 #include "backend/cuda/mmq.cuh"
 #include "backend/cuda/cuda_check.h"
 
@@ -296,7 +297,7 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
       if constexpr (mmq_format(T)) {
         using Tile = MmqTile<T, kDenseWM, kDenseWN<T>>;
         auto* kernel = mmq_dense_kernel<T>;
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes),
+        check(allow_max_dynamic_smem(kernel),
               "raising the tensor-core GEMM's shared memory limit");
         const dim3 grid(unsigned((plan.rows + Tile::BM - 1) / Tile::BM), unsigned((args.n + Tile::BN - 1) / Tile::BN));
         check(launch_overlapped(kernel, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
@@ -334,8 +335,7 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     using Bf16 = __nv_bfloat16;
     auto* kernel = args.x_bf16 ? (args.n == 1 ? gemv_kernel<T, Bf16, 1> : gemv_kernel<T, Bf16, kMaxTokenGroup>)
                                : (args.n == 1 ? gemv_kernel<T, float, 1> : gemv_kernel<T, float, kMaxTokenGroup>);
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "raising the GEMV kernel's shared memory limit");
+    check(allow_max_dynamic_smem(kernel), "raising the GEMV kernel's shared memory limit");
     check(launch_overlapped(kernel, grid, block, smem, stream, p), "launching the GEMV kernel");
   });
 }

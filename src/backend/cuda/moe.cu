@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/cuda/block_dot.cuh"
+#include "backend/cuda/kernel_limits.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/mmq.cuh"
@@ -682,8 +683,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     if constexpr (mmq_format(T)) {
       if (mmq_gate_up) {
         using Tile = MmqTile<T, 2, kMoeWN>;
-        check(cudaFuncSetAttribute(moe_mmq_gate_up_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   Tile::kSmemBytes),
+        check(allow_max_dynamic_smem(moe_mmq_gate_up_kernel<T>),
               "raising the MoE tensor-core gate/up kernel's shared memory limit");
         const dim3 grid(unsigned((s.width + Tile::BM / 2 - 1) / (Tile::BM / 2)), mmq_tiles);
         check(launch_overlapped(moe_mmq_gate_up_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
@@ -698,8 +698,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     const size_t smem = gate_up_smem(s, a.n, p.pairs);
     const dim3 grid(unsigned((s.width + kGateUpRows - 1) / kGateUpRows), group_blocks);
     auto* kernel = a.n <= kMaxTokenGroup ? moe_gate_up_kernel<T, 1> : moe_gate_up_kernel<T, kMaxTokenGroup>;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "raising the MoE gate/up kernel's shared memory limit");
+    check(allow_max_dynamic_smem(kernel), "raising the MoE gate/up kernel's shared memory limit");
     check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q),
           "launching the MoE gate/up kernel");
   });
@@ -709,8 +708,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     if constexpr (mmq_format(T)) {
       if (mmq_down) {
         using Tile = MmqTile<T, 2, kMoeWN>;
-        check(cudaFuncSetAttribute(moe_mmq_down_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   Tile::kSmemBytes),
+        check(allow_max_dynamic_smem(moe_mmq_down_kernel<T>),
               "raising the MoE tensor-core down kernel's shared memory limit");
         const dim3 grid(unsigned((s.hidden + Tile::BM - 1) / Tile::BM), mmq_tiles);
         check(launch_overlapped(moe_mmq_down_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
@@ -730,8 +728,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     const size_t smem = down_smem(s, a.n, p.pairs);
     const dim3 grid(unsigned((s.hidden + kDownRows - 1) / kDownRows), group_blocks);
     auto* kernel = a.n <= kMaxTokenGroup ? moe_down_kernel<T, 1> : moe_down_kernel<T, kMaxTokenGroup>;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "raising the MoE down kernel's shared memory limit");
+    check(allow_max_dynamic_smem(kernel), "raising the MoE down kernel's shared memory limit");
     check(launch_overlapped(kernel, grid, dim3(kDownWarps * 32), smem, stream, q), "launching the MoE down kernel");
   });
 }

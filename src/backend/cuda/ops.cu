@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_limits.h"
 
 namespace spill::cuda {
 namespace {
@@ -1763,7 +1764,7 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
     const dim3 grid(grid_dim((a.n + tokens - 1) / tokens * (a.n_heads / heads), "attention"), unsigned(parts));
     auto go = [&](auto kernel, int D) {
       const int smem = mma_attention_smem(D);
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+      check(allow_max_dynamic_smem(kernel),
             "raising the attention kernel's shared memory limit");
       launch("launching the attention kernel", kernel, grid, dim3(kBlock), size_t(smem), stream, a, parts, int32_t(heads),
              tokens);
