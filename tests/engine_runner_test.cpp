@@ -340,7 +340,13 @@ TEST(Device, ParsingAcceptsTheDocumentedSpellingsAndNamesTheFlag) {
   EXPECT_EQ(parse_device("cuda").cuda_index, 0);
   EXPECT_EQ(parse_device("cuda:3").cuda_index, 3);
   EXPECT_EQ(device_name(parse_device("cuda:3")), "cuda:3");
-  for (const char* bad : {"", "tpu", "cuda:", "cuda:-1", "cuda:1x", "cuda:x"}) {
+  EXPECT_TRUE(parse_device("cuda:3").cuda_list.empty());
+  const DeviceChoice two = parse_device("CUDA:2,0");
+  EXPECT_EQ(two.cuda_index, 2);
+  EXPECT_EQ(two.cuda_list, (std::vector<int>{2, 0}));
+  EXPECT_EQ(device_name(two), "cuda:2,0");
+  for (const char* bad : {"", "tpu", "cuda:", "cuda:-1", "cuda:1x", "cuda:x", "cuda:0,", "cuda:,1", "cuda:0,0",
+                          "cuda:0,,1", "cuda:0;1"}) {
     try {
       (void)parse_device(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";

@@ -61,7 +61,8 @@ CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device) {
   return cmd
       ->add_option_function<std::string>(
           "--device", [&device](const std::string& value) { device = parse_device(value); },
-          "where the model runs: cpu, cuda (cuda:N for the N-th GPU) or auto (default: cuda when this build has a "
+          "where the model runs: cpu, cuda (cuda:N for the N-th GPU; cuda:N,M,... for the GPUs of an expert-parallel "
+          "--plan, in its order) or auto (default: cuda when this build has a "
           "CUDA runner and a usable GPU is present, else cpu)")
       ->type_name("DEVICE");
 }

@@ -1,7 +1,9 @@
 #include "engine/open_engine.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <string>
 
@@ -27,7 +29,8 @@ constexpr bool kHaveCudaRunner = true;
 constexpr bool kHaveCudaRunner = false;
 #endif
 
-std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOptions& options, int cuda_index) {
+std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOptions& options, const DeviceChoice& device) {
+  const int cuda_index = device.cuda_index;
   // kv.blocks == 0 and kv.bytes == 0: the pool takes what is left of the GPU after the weights and
   // the workspace (less a reserve); limits.max_model_len == 0: the model's context, capped by the pool.
   const RunnerLimits& limits = options.limits;
@@ -52,18 +55,30 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
   config.expert_cache_bytes = options.placement.expert_cache_bytes();
   if (config.expert_cache_bytes > 0 && !config.expert_plan)
     fail("--expert-cache-mem caches experts that live in host RAM: give --gpu-mem (or --plan) so that some do");
-  // An expert-parallel plan (version 2) runs on as many GPUs as it names, from cuda_index on.
+  // An expert-parallel plan (version 2) runs on as many GPUs as it names: --device cuda:N,M,... in
+  // the plan's order, or cuda_index and the ones after it.
   if (config.expert_plan && config.expert_plan->expert_parallel) {
     const int n_gpus = config.expert_plan->n_gpus;
+    std::vector<int> devices = device.cuda_list;
+    if (devices.empty())
+      for (int g = 0; g < n_gpus; ++g) devices.push_back(cuda_index + g);
+    if (int(devices.size()) != n_gpus)
+      fail("--plan {} spreads the experts over {} GPUs; --device {} names {}", options.expert_plan, n_gpus,
+           device_name(device), devices.size());
     const std::vector<GpuInfo> gpus = list_gpus();
-    if (cuda_index + n_gpus > int(gpus.size()))
-      fail("--plan {} spreads the experts over {} GPUs (cuda:{} to cuda:{}); this machine has {} (spill info lists "
-           "them): plan for the GPUs there are",
-           options.expert_plan, n_gpus, cuda_index, cuda_index + n_gpus - 1, gpus.size());
-    fmt::print(stderr, "[spill] expert-parallel over {} GPUs (cuda:{} to cuda:{}), NCCL all-reduce after each MoE layer\n",
-               n_gpus, cuda_index, cuda_index + n_gpus - 1);
-    return make_expert_parallel_runner(model, {.runner = config});
+    for (int d : devices)
+      if (d >= int(gpus.size()))
+        fail("--plan {} spreads the experts over {} GPUs ({}); this machine has {} (spill info lists them): plan for "
+             "the GPUs there are, or name them with --device cuda:N,M",
+             options.expert_plan, n_gpus, fmt::format("cuda:{}", fmt::join(devices, ",")), gpus.size());
+    fmt::print(stderr, "[spill] expert-parallel over {} GPUs (cuda:{}), NCCL all-reduce after each MoE layer\n", n_gpus,
+               fmt::join(devices, ","));
+    return make_expert_parallel_runner(model, {.runner = config, .devices = devices});
   }
+  if (!device.cuda_list.empty())
+    fail("--device {} names {} GPUs; only an expert-parallel plan (--plan, made with spill plan --parallel experts) "
+         "runs on several",
+         device_name(device), device.cuda_list.size());
   return make_cuda_runner(model, config);
 }
 // ===============================================================================================
@@ -72,24 +87,41 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
 
 DeviceChoice parse_device(std::string_view text) {
   const std::string t = ascii_lower(text);
-  if (t == "auto") return {Device::Auto, 0};
-  if (t == "cpu") return {Device::Cpu, 0};
-  if (t == "cuda" || t == "gpu") return {Device::Cuda, 0};
+  if (t == "auto") return {Device::Auto, 0, {}};
+  if (t == "cpu") return {Device::Cpu, 0, {}};
+  if (t == "cuda" || t == "gpu") return {Device::Cuda, 0, {}};
   if (t.rfind("cuda:", 0) == 0) {
-    int index = -1;
-    const char* first = t.data() + 5;
+    DeviceChoice choice{Device::Cuda, 0, {}};
+    const char* at = t.data() + 5;
     const char* last = t.data() + t.size();
-    const auto [end, ec] = std::from_chars(first, last, index);
-    if (ec == std::errc() && end == last && first != last && index >= 0) return {Device::Cuda, index};
+    bool ok = at != last;
+    while (ok && at != last) {
+      int index = -1;
+      const auto [end, ec] = std::from_chars(at, last, index);
+      ok = ec == std::errc() && end != at && index >= 0 &&
+           std::find(choice.cuda_list.begin(), choice.cuda_list.end(), index) == choice.cuda_list.end();
+      choice.cuda_list.push_back(index);
+      at = end;
+      if (ok && at != last) ok = *at++ == ',' && at != last;
+    }
+    if (ok) {
+      choice.cuda_index = choice.cuda_list.front();
+      if (choice.cuda_list.size() == 1) choice.cuda_list.clear();
+      return choice;
+    }
   }
-  fail("--device '{}': expected cpu, cuda, cuda:N (the N-th GPU, from 0) or auto", text);
+  fail("--device '{}': expected cpu, cuda, cuda:N (the N-th GPU, from 0), cuda:N,M,... (distinct GPUs, for a plan "
+       "over several) or auto",
+       text);
 }
 
 std::string device_name(const DeviceChoice& choice) {
   switch (choice.device) {
     case Device::Auto: return "auto";
     case Device::Cpu: return "cpu";
-    case Device::Cuda: return fmt::format("cuda:{}", choice.cuda_index);
+    case Device::Cuda:
+      return choice.cuda_list.empty() ? fmt::format("cuda:{}", choice.cuda_index)
+                                      : fmt::format("cuda:{}", fmt::join(choice.cuda_list, ","));
   }
   return "?";
 }
@@ -97,24 +129,25 @@ std::string device_name(const DeviceChoice& choice) {
 DeviceChoice resolve_device(const DeviceChoice& choice) {
   if (choice.device == Device::Cpu) return choice;
   if (!kHaveCudaRunner) {
-    if (choice.device == Device::Auto) return {Device::Cpu, 0};
+    if (choice.device == Device::Auto) return {Device::Cpu, 0, {}};
     fail("--device {}: this build has no CUDA runner (spill was built without CUDA: -DSPILL_CUDA=OFF or no nvcc at "
          "configure time); use --device cpu, or rebuild with the CUDA toolkit",
          device_name(choice));
   }
   std::string why;
   const std::vector<GpuInfo> gpus = list_gpus(&why);
-  if (choice.device == Device::Auto) return gpus.empty() ? DeviceChoice{Device::Cpu, 0} : DeviceChoice{Device::Cuda, 0};
+  if (choice.device == Device::Auto) return gpus.empty() ? DeviceChoice{Device::Cpu, 0, {}} : DeviceChoice{Device::Cuda, 0, {}};
   if (gpus.empty()) fail("--device {}: no usable GPU ({}); use --device cpu", device_name(choice), why);
-  if (choice.cuda_index >= int(gpus.size()))
-    fail("--device {}: there is no GPU {}; this machine has {} (cuda:0 to cuda:{}; spill info lists them)",
-         device_name(choice), choice.cuda_index, gpus.size(), gpus.size() - 1);
+  for (int index : choice.cuda_list.empty() ? std::vector<int>{choice.cuda_index} : choice.cuda_list)
+    if (index >= int(gpus.size()))
+      fail("--device {}: there is no GPU {}; this machine has {} (cuda:0 to cuda:{}; spill info lists them)",
+           device_name(choice), index, gpus.size(), gpus.size() - 1);
   return choice;
 }
 
 std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options) {
   const DeviceChoice device = resolve_device(options.device);
-  if (device.device == Device::Cuda) return open_cuda_runner(model, options, device.cuda_index);
+  if (device.device == Device::Cuda) return open_cuda_runner(model, options, device);
   if (options.placement.requested() || !options.placement.expert_cache_mem.empty())
     fail("--gpu-mem / --host-experts / --host-mem / --expert-cache-mem plan which experts a GPU reads from host RAM; on --device cpu every "
          "weight is in host RAM already (drop them, or run on cuda)");

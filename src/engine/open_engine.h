@@ -9,6 +9,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "engine/engine.h"
@@ -22,11 +23,15 @@ enum class Device : uint8_t { Auto, Cpu, Cuda };
 
 struct DeviceChoice {
   Device device = Device::Auto;
-  int cuda_index = 0;  // which GPU for Device::Cuda (list_gpus() order)
+  int cuda_index = 0;  // which GPU for Device::Cuda (list_gpus() order): the first of cuda_list
+  // "cuda:0,1": the GPUs of an expert-parallel plan, in the plan's order; empty: cuda_index and the
+  // ones after it, as many as the plan has.
+  std::vector<int> cuda_list{};
 };
-// "auto", "cpu", "cuda", "cuda:N" (case-insensitive); throws spill::Error naming --device.
+// "auto", "cpu", "cuda", "cuda:N", "cuda:N,M,..." (case-insensitive; distinct GPUs); throws
+// spill::Error naming --device.
 DeviceChoice parse_device(std::string_view text);
-std::string device_name(const DeviceChoice& choice);  // "auto", "cpu", "cuda:0"
+std::string device_name(const DeviceChoice& choice);  // "auto", "cpu", "cuda:0", "cuda:0,1"
 
 // What `choice` means on this machine and build: never Auto. Throws spill::Error saying why
 // when cuda was asked for and cannot be had (no CUDA runner in this build, no usable GPU, no GPU
