@@ -450,6 +450,40 @@ TEST(OffloadModel, StartupPlanFitsTheBudgetOrRefusesWithTheFitReport) {
   EXPECT_NE(error_of({.gpu_mem = "1G", .expert_cache_mem = "much"}).find("--expert-cache-mem"), std::string::npos);
 }
 
+// A budget per GPU plans an expert-parallel group at start-up, in the layout the runner runs: every
+// GPU a share of each layer's experts, nothing else split; the store lays out each GPU's share, and
+// the KV pool gets what the GPU with the least left holds.
+TEST(OffloadModel, StartupPlanOverTwoGpusSharesEveryLayersExperts) {
+  const TinyGguf tiny;
+  const auto model = Model::load(tiny.gguf.path);
+  const offload::ExpertSources src = offload::expert_sources(*model);
+  const offload::StartupPlan one = offload::plan_at_startup(*model, {.gpu_mem = "1G", .host_experts = "50%"}, 16, 256, 64, 0);
+  const offload::StartupPlan two =
+      offload::plan_at_startup(*model, {.gpu_mem = "1G,768M", .host_experts = "50%"}, 16, 256, 64, 0);
+  EXPECT_FALSE(one.plan.expert_parallel);
+  ASSERT_TRUE(two.plan.expert_parallel) << two.fit_report;
+  EXPECT_EQ(two.plan.n_gpus, 2);
+  EXPECT_FALSE(two.plan.split.any());
+  EXPECT_EQ(two.plan.host_experts, 8);
+  offload::check_plan(two.plan, src);
+  int64_t owned[2] = {0, 0};
+  for (const offload::PlannedLayer& pl : two.plan.layers) {
+    if (!pl.moe) continue;
+    ASSERT_EQ(int64_t(pl.owners.size()), pl.experts);
+    for (int32_t o : pl.owners) ++owned[o];
+  }
+  EXPECT_EQ(owned[0] + owned[1], 16);
+  EXPECT_GT(owned[0], 0);
+  EXPECT_GT(owned[1], 0);
+  for (int g = 0; g < 2; ++g) {
+    const offload::StoreLayout lay = offload::layout_experts(two.plan, src, {}, {.gpu = g});
+    EXPECT_EQ(lay.vram_experts + lay.host_copied + lay.host_in_place, owned[g]) << "GPU " << g;
+  }
+  // The second GPU has less room: its pool bounds the group's, below the one-GPU plan's.
+  EXPECT_GT(two.kv_budget_bytes, 0);
+  EXPECT_LT(two.kv_budget_bytes, one.kv_budget_bytes);
+}
+
 TEST(OffloadModel, RefusesAPlanOfAnotherModelNamingTheField) {
   const TinyGguf tiny;
   const auto model = Model::load(tiny.gguf.path);

@@ -79,13 +79,7 @@ void run_plan(const PlanArgs& a) {
   if (!req.measured) req.types = parse_tensor_class_types(a.quant);
   req.kv_format = parse_kv_format(a.kv_format);
   if (a.gpu_mem.empty()) fail("--gpu-mem is required: the usable memory of each GPU, e.g. --gpu-mem 95.6G,95.6G");
-  for (size_t start = 0; start <= a.gpu_mem.size();) {
-    const size_t comma = a.gpu_mem.find(',', start);
-    const std::string item = a.gpu_mem.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    req.gpu_mem.push_back(parse_byte_size(item, "--gpu-mem"));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
+  req.gpu_mem = parse_byte_sizes(a.gpu_mem, "--gpu-mem");
   if (!a.gpu_reserve.empty()) req.gpu_reserve = parse_byte_size(a.gpu_reserve, "--gpu-reserve");
   if (!a.host_mem.empty()) req.host_mem = parse_byte_size(a.host_mem, "--host-mem");
   if (!a.kv_mem.empty()) req.kv_mem = parse_byte_size(a.kv_mem, "--kv-mem");

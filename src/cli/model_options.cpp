@@ -48,7 +48,8 @@ CLI::Option* add_plan_option(CLI::App* cmd, std::string& path) {
 void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) {
   cmd->add_option("--gpu-mem", placement.gpu_mem,
                   "plan at start-up (instead of --plan): what spill may use of the GPU, e.g. 64G; routed experts that do "
-                  "not fit live in host RAM, read in place over PCIe; the fit report is printed first");
+                  "not fit live in host RAM, read in place over PCIe; the fit report is printed first. One per GPU "
+                  "(e.g. 95.6G,95.6G) spreads every layer's experts over that many GPUs");
   cmd->add_option("--host-experts", placement.host_experts,
                   "with --gpu-mem: at least this share of the routed experts in host RAM, e.g. 30%");
   cmd->add_option("--host-mem", placement.host_mem, "with --gpu-mem: pinned host RAM the plan may use (default: not limited)");

@@ -1,6 +1,7 @@
 #include "offload/model_experts.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -84,12 +85,21 @@ StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, i
   req.measured = measure_weights(model);
   req.types = dominant_types(model);
   req.kv_format = KvFormat::BF16;  // the CUDA runner's KV cache
-  req.gpu_mem = {parse_byte_size(flags.gpu_mem, "--gpu-mem")};
+  // One budget per GPU: several make an expert-parallel plan in the layout the runner runs (every GPU
+  // a share of each layer's experts, the rest replicated).
+  req.gpu_mem = parse_byte_sizes(flags.gpu_mem, "--gpu-mem");
+  if (req.gpu_mem.size() > 1) {
+    req.parallel = Parallelism::Experts;
+    req.attention = AttentionParallel::Replicated;
+  }
   if (const int64_t cache = flags.expert_cache_bytes(); cache > 0) {
-    if (cache >= req.gpu_mem[0])
-      fail("--expert-cache-mem {} is all of --gpu-mem {}: the cache comes out of the GPU budget; give it less",
-           flags.expert_cache_mem, flags.gpu_mem);
-    req.gpu_mem[0] -= cache;
+    for (int64_t& budget : req.gpu_mem) {
+      if (cache >= budget)
+        fail("--expert-cache-mem {} is all of --gpu-mem {} on a GPU: the cache comes out of each GPU's budget; give "
+             "it less",
+             flags.expert_cache_mem, flags.gpu_mem);
+      budget -= cache;
+    }
   }
   if (!flags.host_mem.empty()) req.host_mem = parse_byte_size(flags.host_mem, "--host-mem");
   if (!flags.host_experts.empty()) req.min_host_fraction = parse_share(flags.host_experts, "--host-experts");
@@ -107,8 +117,11 @@ StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, i
   out.fit_report = format_fit_report(outcome);
   if (!outcome.fits) fail("the model does not fit --gpu-mem {}:\n{}", flags.gpu_mem, out.fit_report);
   out.plan = plan_from_outcome(outcome);
-  const GpuPlan& gpu = outcome.plan.gpus.at(0);
-  out.kv_budget_bytes = gpu.kv + std::max<int64_t>(0, gpu.room());
+  // The KV pool: what the plan gives it and leaves free, on the GPU with the least (every GPU of an
+  // expert-parallel group holds the same blocks).
+  out.kv_budget_bytes = INT64_MAX;
+  for (const GpuPlan& gpu : outcome.plan.gpus)
+    out.kv_budget_bytes = std::min(out.kv_budget_bytes, gpu.kv + std::max<int64_t>(0, gpu.room()));
   return out;
 }
 

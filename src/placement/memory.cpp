@@ -211,6 +211,17 @@ std::string format_bytes(int64_t bytes) {
 }
 
 // "95.6G", "80GiB", "512M", "1073741824": binary units (G = 2^30), as GPU memory is quoted.
+std::vector<int64_t> parse_byte_sizes(const std::string& text, const char* flag) {
+  std::vector<int64_t> sizes;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = text.find(',', start);
+    sizes.push_back(parse_byte_size(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start), flag));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return sizes;
+}
+
 int64_t parse_byte_size(const std::string& text, const char* flag) {
   size_t end = 0;
   double value = 0;

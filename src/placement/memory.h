@@ -93,6 +93,8 @@ int64_t workspace_bytes(const ModelShape& shape, const WorkspaceParams& params);
 // "95.6G", "80GiB", "512M", "1073741824": binary units (G = 2^30), as GPU memory is quoted. Throws
 // spill::Error naming `flag` for anything else (no unit it knows, negative, not finite, past 2^62).
 int64_t parse_byte_size(const std::string& text, const char* flag);
+// "95.6G,95.6G": one budget per GPU, each as parse_byte_size reads it.
+std::vector<int64_t> parse_byte_sizes(const std::string& text, const char* flag);
 // "30%" or "0.3": a share in [0, 1]; spill::Error naming `flag` otherwise.
 double parse_share(const std::string& text, const char* flag);
 
