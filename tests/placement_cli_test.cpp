@@ -86,6 +86,11 @@ TEST(PlacementCli, PlanSpreadsExpertsOverTwoGpusAndTakesAnAssumedSkew) {
   ASSERT_EQ(rc, 0) << report;
   EXPECT_NE(report.find("expert parallel over 2 GPUs"), std::string::npos) << report;
   EXPECT_NE(report.find("shared experts replicated: a width of 2304"), std::string::npos) << report;
+  // The default splits attention: the report says the runner serves only the replicated layout.
+  EXPECT_NE(report.find("plan with --attention replicated to serve it"), std::string::npos) << report;
+  auto [rc_r, replicated] = run_command(spill_bin() + kSeedArgs + " --host-experts 30% --attention replicated");
+  ASSERT_EQ(rc_r, 0) << replicated;
+  EXPECT_EQ(replicated.find("to serve it"), std::string::npos) << replicated;
   std::ifstream in(out);
   const nlohmann::json plan = nlohmann::json::parse(in);
   in.close();

@@ -124,6 +124,9 @@ std::string format_fit_report(const PlanOutcome& o) {
                        p.gpus.size(), spread_max, yes(p.split.attention), part(TensorClass::SharedExperts, p.split.shared),
                        part(TensorClass::DenseMlp, p.split.dense), yes(p.split.vocab));
     for (const std::string& n : p.split.notes) out += fmt::format("  note: {}\n", n);
+    if (p.split.attention || p.split.shared || p.split.dense || p.split.vocab)
+      out += "  note: spill's expert-parallel runner runs plans that replicate all but the routed experts; this one is "
+             "for sizing (plan with --attention replicated to serve it)\n";
   }
   int64_t min_h = std::numeric_limits<int64_t>::max(), max_h = 0, n_moe = 0;
   for (const LayerPlan& l : p.layers) {
