@@ -31,9 +31,9 @@ void add_serve_command(CLI::App& app) {
   add_size_option(cmd, "--kv-mem", o.kv_mem_bytes, "KV cache size (default: 4 full contexts, at most 2 GiB)");
   cmd->add_option("--threads", o.threads, "CPU threads for the model (default: all)");
   cmd->add_option("--device", o.device,
-                  "where the model runs: cpu, cuda (cuda:N for the N-th GPU; cuda:N,M,... for the GPUs of an expert-parallel "
-          "--plan, in its order) or auto (cuda when this build has a CUDA "
-                  "runner and a usable GPU is present, else cpu)")
+                  "where the model runs: cpu, cuda (cuda:N for the N-th GPU; cuda:N,M,... for the GPUs of an "
+                  "expert-parallel --plan, in its order) or auto (cuda when this build has a CUDA runner and a usable "
+                  "GPU is present, else cpu)")
       ->capture_default_str();
   add_plan_option(cmd, o.expert_plan);
   add_placement_options(cmd, o.placement);

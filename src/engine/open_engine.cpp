@@ -56,24 +56,15 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
   if (config.expert_cache_bytes > 0 && !config.expert_plan)
     fail("--expert-cache-mem caches experts that live in host RAM: give --gpu-mem (or --plan) so that some do");
   // An expert-parallel plan (version 2) runs on as many GPUs as it names: --device cuda:N,M,... in
-  // the plan's order, or cuda_index and the ones after it.
+  // the plan's order, or cuda_index and the ones after it (the group checks that they exist).
   if (config.expert_plan && config.expert_plan->expert_parallel) {
     const int n_gpus = config.expert_plan->n_gpus;
-    std::vector<int> devices = device.cuda_list;
-    if (devices.empty())
-      for (int g = 0; g < n_gpus; ++g) devices.push_back(cuda_index + g);
-    if (int(devices.size()) != n_gpus)
-      fail("--plan {} spreads the experts over {} GPUs; --device {} names {}", options.expert_plan, n_gpus,
-           device_name(device), devices.size());
-    const std::vector<GpuInfo> gpus = list_gpus();
-    for (int d : devices)
-      if (d >= int(gpus.size()))
-        fail("--plan {} spreads the experts over {} GPUs ({}); this machine has {} (spill info lists them): plan for "
-             "the GPUs there are, or name them with --device cuda:N,M",
-             options.expert_plan, n_gpus, fmt::format("cuda:{}", fmt::join(devices, ",")), gpus.size());
-    fmt::print(stderr, "[spill] expert-parallel over {} GPUs (cuda:{}), NCCL all-reduce after each MoE layer\n", n_gpus,
-               fmt::join(devices, ","));
-    return make_expert_parallel_runner(model, {.runner = config, .devices = devices});
+    if (!device.cuda_list.empty() && int(device.cuda_list.size()) != n_gpus)
+      fail("the expert plan spreads the experts over {} GPUs; --device {} names {}", n_gpus, device_name(device),
+           device.cuda_list.size());
+    fmt::print(stderr, "[spill] expert-parallel over {} GPUs from --device {}, NCCL all-reduce after each MoE layer\n",
+               n_gpus, device_name(device));
+    return make_expert_parallel_runner(model, {.runner = config, .devices = device.cuda_list});
   }
   if (!device.cuda_list.empty())
     fail("--device {} names {} GPUs; only an expert-parallel plan (--plan, made with spill plan --parallel experts) "

@@ -9,8 +9,8 @@
 #pragma once
 #include <memory>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <vector>
 
 #include "engine/engine.h"
 #include "engine/model_bundle.h"

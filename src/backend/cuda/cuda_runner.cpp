@@ -721,8 +721,6 @@ void CudaRunner::place_experts(const Model& model) {
     fail("CUDA runner: {} spreads every layer's experts over {} GPUs (expert parallelism); one runner holds a whole "
          "model on one GPU (make_expert_parallel_runner runs the group; or plan for one GPU: spill plan --gpu-mem SIZE)",
          plan.where, plan.n_gpus);
-  if (!plan.expert_parallel && sharded())
-    fail("CUDA runner: {} is a layer split (version 1); an expert-parallel group needs a plan of version 2", plan.where);
   for (const offload::PlannedLayer& pl : plan.layers)
     if (!plan.expert_parallel && pl.gpu != 0)
       fail("CUDA runner: {} puts layer {} on GPU {}; one runner holds a whole model on one GPU (plan for one GPU)",

@@ -237,19 +237,19 @@ class ExpertParallelRunner final : public ModelRunner {
     }
     // A failed step leaves the GPUs at different points of it and the sums aborted: the group ends
     // (the engine fails the open requests), naming the GPU that failed rather than those it stopped.
-    std::exception_ptr cause, stopped;
-    for (size_t g = 0; g < errors_.size() && !cause; ++g) {
+    bool failed = false;
+    for (size_t g = 0; g < errors_.size() && failed_.empty(); ++g) {
       if (!errors_[g]) continue;
+      failed = true;
       try {
         std::rethrow_exception(errors_[g]);
       } catch (const GroupStopped&) {
-        if (!stopped) stopped = errors_[g];
+        // stopped by another GPU's failure: keep looking for that one
       } catch (const std::exception& e) {
         failed_ = fmt::format("GPU {} failed: {}", g, e.what());
-        cause = errors_[g];
       }
     }
-    if (!cause && !stopped) return;
+    if (!failed) return;
     if (failed_.empty()) failed_ = "its GPUs stopped";
     // The GPUs stopped at different points of the step: their KV caches and the sums no longer
     // agree, so no later step can run (the engine ends every open request).
