@@ -101,4 +101,21 @@ TEST(Cli, ExpertPlanIsRefusedClearlyWhereItCannotApply) {
   EXPECT_NE(t3.find("on --device cpu every weight is in host RAM already"), std::string::npos) << t3;
 }
 
+TEST(Cli, KvFormatIsCheckedAndTheCpuKeepsF32) {
+  if (spill_bin().empty()) GTEST_SKIP() << "SPILL_BIN not set (run through ctest)";
+  // The CPU runner has one format: asking it for another is refused by name; f32 runs.
+  auto [s1, t1] = run_command(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --kv-format fp8");
+  EXPECT_EQ(s1, 1);
+  EXPECT_NE(t1.find("--kv-format fp8: the CPU runner keeps its KV cache in f32"), std::string::npos) << t1;
+  auto [s2, t2] = run_command(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --kv-format f32");
+  EXPECT_EQ(s2, 0) << t2;
+  // A misspelt format fails at parse time, naming the flag and the formats there are.
+  auto [s3, t3] = run_command(spill_bin() + " generate --device cpu --prompt hi --max-tokens 1 --kv-format fp4");
+  EXPECT_NE(s3, 0);
+  EXPECT_NE(t3.find("--kv-format: unknown KV format \"fp4\""), std::string::npos) << t3;
+  auto [s4, t4] = run_command(spill_bin() + " serve --device cpu --port 0 --kv-format int8");
+  EXPECT_NE(s4, 0);
+  EXPECT_NE(t4.find("unknown KV format \"int8\""), std::string::npos) << t4;
+}
+
 }  // namespace

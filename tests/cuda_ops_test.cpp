@@ -15,6 +15,7 @@
 
 #if SPILL_HAVE_CUDA
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -29,6 +30,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
+#include "quant/fp8.h"
 #include "quant/quant.h"
 #include "test_values.h"
 
@@ -236,7 +238,7 @@ TEST(CudaOps, QkNormPerHeadAndWholeProjectionMatchTheTwin) {
     cuda::rope_kv_write({.q = q, .k = q + nh * D, .v = q + (nh + nkv) * D, .ld_q = ld_q, .ld_k = ld_q, .ld_v = ld_q,
                          .positions = pd.as<int32_t>(), .slots = sd.as<int64_t>(), .inv_freq = inv.as<float>(),
                          .q_norm = qwd.as<float>(), .k_norm = kwd.as<float>(), .norm_per_head = per_head,
-                         .norm_eps = 1e-6, .k_cache = kc.ptr, .v_cache = vc.ptr, .kv_type = DType::F32, .n = n,
+                         .norm_eps = 1e-6, .k_cache = kc.ptr, .v_cache = vc.ptr, .kv_type = KvFormat::F32, .n = n,
                          .n_heads = nh, .n_kv_heads = nkv, .head_dim = D},
                         s0);
     CUDA_OK(cudaDeviceSynchronize());
@@ -276,7 +278,7 @@ struct AttnCase {
   int64_t n_heads, n_kv_heads, head_dim;
   int32_t block_size;
   std::vector<std::pair<int32_t, int32_t>> chunks;  // (start_pos, n_tokens) per sequence
-  DType kv_type;
+  KvFormat kv_type;
 };
 
 // Runs cpu::apply_rope + cpu::paged_attention and the CUDA rope_kv_write + paged_attention on the
@@ -302,7 +304,7 @@ void run_attention_case(const AttnCase& c, uint64_t seed) {
   ThreadPool tp(2);
   std::vector<float> kc(size_t(n_blocks) * bs * KV, 0.0f), vc(kc.size(), 0.0f);
   const cpu::PagedKv cpu_kv{kc.data(), vc.data(), bs, nkv, D};
-  const size_t elem = c.kv_type == DType::F32 ? 4 : 2;
+  const size_t elem = c.kv_type == KvFormat::F32 ? 4 : 2;
   DeviceBuffer kd(kc.size() * elem), vd(kc.size() * elem), inv = to_device(table.inv_freq);
   CUDA_OK(cudaMemset(kd.ptr, 0, kd.bytes));
   CUDA_OK(cudaMemset(vd.ptr, 0, vd.bytes));
@@ -370,7 +372,7 @@ void run_attention_case(const AttnCase& c, uint64_t seed) {
     };
     for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(q_gpu[i], q[i], rope_bound(q_in, i)) << "q element " << i;
     std::vector<float> cpu_out(size_t(n * Q));
-    if (c.kv_type == DType::BF16) {
+    if (c.kv_type == KvFormat::BF16) {
       // The twin attends over what the GPU cache holds: bf16 of the GPU's rotated k (and of v).
       const size_t total = kc.size();
       std::vector<uint16_t> kb(total), vb(total);
@@ -455,18 +457,18 @@ void run_attention_case(const AttnCase& c, uint64_t seed) {
 TEST(CudaOps, AttentionDecodeAndPrefillMatchTheTwin) {
   SPILL_SKIP_WITHOUT_GPU();
   // Decode-only batches of 1, 3, 17 sequences (GQA 8 over 2), block boundaries everywhere.
-  run_attention_case({8, 2, 64, 16, {{15, 1}}, DType::F32}, 1);
-  run_attention_case({8, 2, 64, 16, {{16, 1}, {31, 1}, {3, 1}}, DType::F32}, 2);
+  run_attention_case({8, 2, 64, 16, {{15, 1}}, KvFormat::F32}, 1);
+  run_attention_case({8, 2, 64, 16, {{16, 1}, {31, 1}, {3, 1}}, KvFormat::F32}, 2);
   {
-    AttnCase c{4, 4, 16, 4, {}, DType::F32};
+    AttnCase c{4, 4, 16, 4, {}, KvFormat::F32};
     for (int i = 0; i < 17; ++i) c.chunks.push_back({i * 5 + 1, 1});
     run_attention_case(c, 3);
   }
   // Prefill chunks (one fresh, one continuing) mixed with decodes; head_dim 80 (not a power of 2).
-  run_attention_case({6, 3, 80, 8, {{0, 23}, {9, 1}, {40, 17}, {7, 1}}, DType::F32}, 4);
+  run_attention_case({6, 3, 80, 8, {{0, 23}, {9, 1}, {40, 17}, {7, 1}}, KvFormat::F32}, 4);
   // A batch of 64 decodes.
   {
-    AttnCase c{4, 2, 32, 16, {}, DType::F32};
+    AttnCase c{4, 2, 32, 16, {}, KvFormat::F32};
     for (int i = 0; i < 64; ++i) c.chunks.push_back({(i * 37) % 300, 1});
     run_attention_case(c, 5);
   }
@@ -496,20 +498,20 @@ TEST(CudaOps, AttentionOverSeveralPartitionsMatchesTheTwin) {
     ASSERT_GE(cuda::attention_grid_partitions(n_pos), most) << n_pos;
     ASSERT_LE(cuda::attention_grid_partitions(n_pos), cuda::kMaxAttentionPartitions) << n_pos;
   }
-  run_attention_case({4, 1, 128, 16, {{P - 1, 1}, {P, 1}, {2 * P + 37, 1}, {P - 5, 9}, {M + 999, 1}}, DType::F32}, 6);
-  run_attention_case({4, 2, 64, 16, {{3 * P + 7, 1}, {M - 1, 2}}, DType::BF16}, 9);
+  run_attention_case({4, 1, 128, 16, {{P - 1, 1}, {P, 1}, {2 * P + 37, 1}, {P - 5, 9}, {M + 999, 1}}, KvFormat::F32}, 6);
+  run_attention_case({4, 2, 64, 16, {{3 * P + 7, 1}, {M - 1, 2}}, KvFormat::BF16}, 9);
   // The tensor-core kernel's shapes: head_dim 128 over a BF16 cache with GQA groups of 8 (S30), 16
   // (S235), 5 (the seed shape: rows past the group are padding) and 32 (two blocks per KV head);
   // positions at the edges of tiles and partitions, and partitions longer than four tiles.
-  run_attention_case({8, 1, 128, 16, {{0, 1}, {31, 1}, {P, 1}, {3 * P + 7, 1}, {M + 999, 1}, {40, 1}}, DType::BF16}, 10);
-  run_attention_case({32, 2, 128, 16, {{P - 1, 1}, {2 * P + 37, 1}, {5, 13}}, DType::BF16}, 11);
-  run_attention_case({10, 2, 128, 16, {{0, 7}, {77, 1}, {P + 1, 1}}, DType::BF16}, 12);
-  run_attention_case({64, 2, 64, 16, {{200, 1}, {33, 2}}, DType::BF16}, 13);
+  run_attention_case({8, 1, 128, 16, {{0, 1}, {31, 1}, {P, 1}, {3 * P + 7, 1}, {M + 999, 1}, {40, 1}}, KvFormat::BF16}, 10);
+  run_attention_case({32, 2, 128, 16, {{P - 1, 1}, {2 * P + 37, 1}, {5, 13}}, KvFormat::BF16}, 11);
+  run_attention_case({10, 2, 128, 16, {{0, 7}, {77, 1}, {P + 1, 1}}, KvFormat::BF16}, 12);
+  run_attention_case({64, 2, 64, 16, {{200, 1}, {33, 2}}, KvFormat::BF16}, 13);
 }
 
 TEST(CudaOps, AttentionOverABf16CacheMatchesTheTwinOnTheStoredValues) {
   SPILL_SKIP_WITHOUT_GPU();
-  run_attention_case({8, 2, 64, 16, {{0, 19}, {33, 1}, {70, 5}}, DType::BF16}, 7);
+  run_attention_case({8, 2, 64, 16, {{0, 19}, {33, 1}, {70, 5}}, KvFormat::BF16}, 7);
 }
 
 TEST(CudaOps, AttentionIsBatchInvariant) {
@@ -529,7 +531,7 @@ TEST(CudaOps, AttentionIsBatchInvariant) {
     DeviceBuffer qd = to_device(q), pd = to_device(positions), od = to_device(offs), out(size_t(n * Q) * 4);
     const int32_t mp = *std::max_element(positions.begin(), positions.end()) + 1;
     DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, nh, D, mp), 1)) * 4);
-    cuda::paged_attention({.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr, .kv_type = DType::F32,
+    cuda::paged_attention({.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr, .kv_type = KvFormat::F32,
                            .positions = pd.as<int32_t>(), .table_offset = od.as<int32_t>(), .block_tables = td.as<int32_t>(),
                            .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh, .n_kv_heads = nkv,
                            .head_dim = D, .max_positions = mp, .workspace = ws.as<float>()},
@@ -571,7 +573,7 @@ TEST(CudaOps, TensorCoreAttentionIsBatchInvariant) {
     const int32_t parts = std::max(cuda::attention_grid_partitions(mp), min_grid_parts);
     DeviceBuffer ws(size_t(std::max<int64_t>(n * nh * parts * (D + 2), 1)) * 4);
     const cuda::AttentionArgs args{.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr,
-                                   .kv_type = DType::BF16, .positions = pd.as<int32_t>(),
+                                   .kv_type = KvFormat::BF16, .positions = pd.as<int32_t>(),
                                    .table_offset = od.as<int32_t>(), .block_tables = td.as<int32_t>(),
                                    .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh,
                                    .n_kv_heads = nkv, .head_dim = D, .max_positions = mp,
@@ -621,7 +623,7 @@ TEST(CudaOps, TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits) {
       const int32_t mp = *std::max_element(pos.begin(), pos.end()) + 1;
       DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, nh, D, mp), 1)) * 4);
       const cuda::AttentionArgs args{.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr,
-                                     .kv_type = DType::BF16, .positions = pd.as<int32_t>(),
+                                     .kv_type = KvFormat::BF16, .positions = pd.as<int32_t>(),
                                      .table_offset = od.as<int32_t>(), .block_tables = td.as<int32_t>(),
                                      .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh,
                                      .n_kv_heads = nkv, .head_dim = D, .max_positions = mp, .workspace = ws.as<float>()};
@@ -639,6 +641,198 @@ TEST(CudaOps, TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits) {
           << "group " << group << " token " << t << " position " << positions[size_t(t)];
     }
   }
+}
+
+// ---- FP8 KV cache -------------------------------------------------------------------------------
+
+TEST(CudaOps, E4m3ConversionMatchesTheTwin) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // Every sign and exponent, every e4m3 rounding midpoint (the 16 high bits with zero low bits hold
+  // them all) and its neighbours one ulp away, saturation and the special values.
+  std::vector<float> x;
+  for (uint32_t hi = 0; hi < 65536; ++hi)
+    for (uint32_t lo : {0u, 1u, 0x7FFFu, 0x8000u, 0xFFFFu}) {
+      const uint32_t bits = (hi << 16) | lo;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      x.push_back(f);
+    }
+  for (float f : {0.0f, -0.0f, 448.0f, -448.0f, 464.0f, 479.99f, 480.0f, 1e30f, INFINITY, -INFINITY, NAN, 0.015625f,
+                  0.001953125f, 0.0009765625f, 0.00097656f})
+    x.push_back(f);
+  DeviceBuffer xd = to_device(x), qd(x.size());
+  cuda::f32_to_e4m3(xd.as<float>(), int64_t(x.size()), static_cast<uint8_t*>(qd.ptr), s0);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = test::download<uint8_t>(qd.ptr, x.size());
+  auto is_nan_code = [](uint8_t q) { return (q & 0x7Fu) == 0x7Fu; };
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint8_t want = quant::f32_to_e4m3(x[i]);
+    if (std::isnan(x[i])) {
+      ASSERT_TRUE(is_nan_code(got[i]) && is_nan_code(want)) << "NaN input " << i;
+      continue;
+    }
+    ASSERT_EQ(int(got[i]), int(want)) << "x = " << x[i] << " (bits " << std::hex << std::bit_cast<uint32_t>(x[i]) << ")";
+    // And the twin's decoding is the inverse on the grid.
+    if (!is_nan_code(want)) ASSERT_EQ(int(quant::f32_to_e4m3(quant::e4m3_to_f32(want))), int(want));
+  }
+}
+
+// rope_kv_write into an FP8 cache stores, for each (token, KV head), quant::quantize_kv_fp8 of the
+// values an F32 cache gets from the same call, bit for bit; a zero vector and a non-finite one take
+// the twin's scales (0 and NaN).
+TEST(CudaOps, Fp8KvWriteIsTheTwinsRoundingOfTheF32Write) {
+  SPILL_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t nh, nkv, D;
+    bool norm, per_head;
+    float clip;
+  };
+  // The per-head kernel (64, 128, 256; per-head norm or none) and the block kernel (a whole-projection
+  // norm; head_dim 96, not a power of two).
+  for (const Case c : {Case{8, 2, 64, false, true, 0.0f}, Case{16, 4, 128, true, true, 0.0f},
+                       Case{4, 2, 256, false, true, 2.5f}, Case{6, 3, 96, true, false, 0.0f},
+                       Case{4, 4, 128, true, false, 1.5f}}) {
+    const int64_t n = 7, Q = c.nh * c.D, KV = c.nkv * c.D, slots = 40;
+    auto q = randn(size_t(n * Q), 71, 1.5f), k = randn(size_t(n * KV), 72, 1.5f), v = randn(size_t(n * KV), 73);
+    // Token 2: a KV head of zeros (k and v); token 4: an infinite v value.
+    for (int64_t j = 0; j < c.D; ++j) k[size_t(2 * KV + j)] = 0.0f, v[size_t(2 * KV + j)] = 0.0f;
+    v[size_t(4 * KV + c.D + 3) % size_t(n * KV)] = INFINITY;
+    std::vector<int32_t> positions = {0, 5, 17, 16, 300, 2, 1023};
+    std::vector<int64_t> slot_of = {3, 39, 0, 17, 22, 8, 31};
+    const auto qn = randn(size_t(c.per_head ? c.D : Q), 74), kn = randn(size_t(c.per_head ? c.D : KV), 75);
+    RopeSpec rope;
+    rope.theta = 10000.0;
+    const cpu::RopeTable table = cpu::make_rope_table(rope, c.D);
+    DeviceBuffer inv = to_device(table.inv_freq), pd = to_device(positions), sd = to_device(slot_of),
+                 qnd = to_device(qn), knd = to_device(kn);
+    auto write = [&](KvFormat f, DeviceBuffer& kc, DeviceBuffer& vc, DeviceBuffer* ks, DeviceBuffer* vs) {
+      DeviceBuffer qd = to_device(q), kd = to_device(k), vd = to_device(v);
+      cuda::rope_kv_write({.q = qd.as<float>(), .k = kd.as<float>(), .v = vd.as<float>(), .ld_q = Q, .ld_k = KV,
+                           .ld_v = KV, .positions = pd.as<int32_t>(), .slots = sd.as<int64_t>(),
+                           .inv_freq = inv.as<float>(), .attention_factor = table.attention_factor, .clip = c.clip,
+                           .q_norm = c.norm ? qnd.as<float>() : nullptr, .k_norm = c.norm ? knd.as<float>() : nullptr,
+                           .norm_per_head = c.per_head, .norm_eps = 1e-6, .k_cache = kc.ptr, .v_cache = vc.ptr,
+                           .kv_type = f, .k_scale = ks ? ks->as<float>() : nullptr,
+                           .v_scale = vs ? vs->as<float>() : nullptr, .n = n, .n_heads = c.nh, .n_kv_heads = c.nkv,
+                           .head_dim = c.D},
+                          s0);
+      CUDA_OK(cudaDeviceSynchronize());
+    };
+    DeviceBuffer kf(size_t(slots * KV) * 4), vf(size_t(slots * KV) * 4);
+    write(KvFormat::F32, kf, vf, nullptr, nullptr);
+    DeviceBuffer k8(size_t(slots * KV)), v8(size_t(slots * KV)), ks(size_t(slots * c.nkv) * 4),
+        vs(size_t(slots * c.nkv) * 4);
+    write(KvFormat::Fp8E4m3, k8, v8, &ks, &vs);
+    const auto kf_h = test::download<float>(kf.ptr, size_t(slots * KV)), vf_h = test::download<float>(vf.ptr, size_t(slots * KV));
+    const auto k8_h = test::download<uint8_t>(k8.ptr, size_t(slots * KV)), v8_h = test::download<uint8_t>(v8.ptr, size_t(slots * KV));
+    const auto ks_h = test::download<float>(ks.ptr, size_t(slots * c.nkv)), vs_h = test::download<float>(vs.ptr, size_t(slots * c.nkv));
+    int zero_scales = 0, nan_scales = 0;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < c.nkv; ++h) {
+        const size_t at = size_t(slot_of[size_t(t)] * c.nkv + h);
+        for (int side = 0; side < 2; ++side) {
+          const std::vector<float>& f = side ? vf_h : kf_h;
+          std::vector<uint8_t> want(size_t(c.D));
+          const float scale = quant::quantize_kv_fp8(f.data() + at * size_t(c.D), c.D, want.data());
+          const float got_scale = (side ? vs_h : ks_h)[at];
+          if (std::isnan(scale)) {
+            ++nan_scales;
+            ASSERT_TRUE(std::isnan(got_scale)) << "token " << t << " head " << h;
+          } else {
+            zero_scales += scale == 0.0f;
+            ASSERT_EQ(std::bit_cast<uint32_t>(got_scale), std::bit_cast<uint32_t>(scale)) << "token " << t << " head " << h;
+          }
+          ASSERT_EQ(0, std::memcmp((side ? v8_h : k8_h).data() + at * size_t(c.D), want.data(), size_t(c.D)))
+              << (side ? "v" : "k") << " of token " << t << " head " << h << " (D " << c.D << ")";
+        }
+      }
+    EXPECT_GE(zero_scales, 1) << "the zero head's scales";
+    EXPECT_EQ(nan_scales, c.clip > 0 ? 0 : 1) << "the infinite value's head (clipped when clip > 0)";
+  }
+}
+
+// The FP8 cache's attention is, bit for bit, the BF16 cache's over the values quant::kv_fp8_to_bf16
+// gives (decode batches, prompts that share m16 tiles, contexts of many partitions, GQA groups of 1 to
+// 32, head_dim 64 and 128), with cache rows of zeros and of tiny and large scales.
+TEST(CudaOps, Fp8AttentionIsTheBf16AttentionOverTheDequantizedCache) {
+  SPILL_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t nh, nkv, D;
+    std::vector<int32_t> positions, offsets;
+  };
+  std::vector<Case> cases;
+  cases.push_back({16, 2, 128, {3, 100, 127, 128, 2000, 700, 5, 1900, 64}, {0, 0, 0, 0, 0, 0, 0, 0, 0}});
+  cases.push_back({4, 2, 64, {0, 31, 4100, 129}, {0, 0, 0, 0}});
+  cases.push_back({32, 1, 128, {77, 1500}, {0, 0}});
+  cases.push_back({4, 4, 64, {9000}, {0}});
+  {
+    // A step of two prompt chunks and a decode (consecutive tokens share m16 tiles: n >= 64).
+    Case c{8, 2, 128, {}, {}};
+    for (int32_t p = 60; p < 60 + 90; ++p) c.positions.push_back(p), c.offsets.push_back(0);
+    c.positions.push_back(300), c.offsets.push_back(200);
+    for (int32_t p = 250; p < 250 + 40; ++p) c.positions.push_back(p), c.offsets.push_back(400);
+    cases.push_back(c);
+  }
+  const int32_t bs = 16, n_blocks = 600;
+  std::vector<int32_t> table(n_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(5));
+  DeviceBuffer td = to_device(table);
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    const int64_t Q = c.nh * c.D, KV = c.nkv * c.D, slots = int64_t(n_blocks) * bs;
+    std::mt19937_64 rng(100 + ci);
+    std::vector<uint8_t> k8(size_t(slots * KV)), v8(k8.size());
+    for (auto* cache : {&k8, &v8})
+      for (uint8_t& b : *cache) {
+        b = uint8_t(rng());
+        if ((b & 0x7F) == 0x7F) b = 0x3C;  // no NaN codes
+      }
+    std::vector<float> ks(size_t(slots * c.nkv)), vs(ks.size());
+    std::uniform_real_distribution<float> log2s(-12.0f, 2.0f);
+    for (size_t i = 0; i < ks.size(); ++i) {
+      ks[i] = std::exp2(log2s(rng)) / 448.0f, vs[i] = std::exp2(log2s(rng)) / 448.0f;
+      if (i % 97 == 5) ks[i] = 0.0f;   // a zero head as the writer stores it
+      if (i % 89 == 7) vs[i] = 0.0f;
+    }
+    std::vector<uint16_t> kb(k8.size()), vb(v8.size());
+    for (size_t i = 0; i < k8.size(); ++i) {
+      const size_t head = i / size_t(c.D);
+      kb[i] = quant::kv_fp8_to_bf16(k8[i], ks[head]);
+      vb[i] = quant::kv_fp8_to_bf16(v8[i], vs[head]);
+    }
+    DeviceBuffer k8d = to_device(k8), v8d = to_device(v8), ksd = to_device(ks), vsd = to_device(vs),
+                 kbd = to_device(kb), vbd = to_device(vb);
+    const int64_t n = int64_t(c.positions.size());
+    const auto q = randn(size_t(n * Q), 200 + ci, 2.0f);
+    DeviceBuffer qd = to_device(q), pd = to_device(c.positions), od = to_device(c.offsets);
+    const int32_t mp = *std::max_element(c.positions.begin(), c.positions.end()) + 1;
+    DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, c.nh, c.D, mp), 1)) * 4);
+    auto run = [&](KvFormat f) {
+      DeviceBuffer out(size_t(n * Q) * 4);
+      out.poison();
+      const bool fp8 = f == KvFormat::Fp8E4m3;
+      const cuda::AttentionArgs args{.q = qd.as<float>(), .ld_q = Q, .k_cache = fp8 ? k8d.ptr : kbd.ptr,
+                                     .v_cache = fp8 ? v8d.ptr : vbd.ptr, .kv_type = f,
+                                     .k_scale = fp8 ? ksd.as<float>() : nullptr, .v_scale = fp8 ? vsd.as<float>() : nullptr,
+                                     .positions = pd.as<int32_t>(), .table_offset = od.as<int32_t>(),
+                                     .block_tables = td.as<int32_t>(), .block_size = bs, .out = out.as<float>(), .n = n,
+                                     .n_heads = c.nh, .n_kv_heads = c.nkv, .head_dim = c.D, .max_positions = mp,
+                                     .workspace = ws.as<float>()};
+      EXPECT_GT(cuda::attention_mma_heads(args), 0);
+      cuda::paged_attention(args, s0);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return test::download<float>(out.ptr, size_t(n * Q));
+    };
+    const auto want = run(KvFormat::BF16), got = run(KvFormat::Fp8E4m3);
+    size_t finite = 0;
+    for (float f : want) finite += std::isfinite(f);
+    ASSERT_EQ(finite, want.size()) << "case " << ci;
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "case " << ci;
+  }
+  EXPECT_TRUE(cuda::kv_fp8_supported(32, 4, 128));
+  EXPECT_FALSE(cuda::kv_fp8_supported(6, 3, 96));
+  EXPECT_FALSE(cuda::kv_fp8_supported(24, 1, 128));  // a group of 24: neither <= 16 nor a multiple of 16
 }
 
 // ---- router ----------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ double score_bound(const Model& m) {
   return std::sqrt(double(s.head_dim)) * wq * wk;
 }
 
-double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv, double score = 0) {
+double chain_eps(const ModelSpec& s, int64_t max_positions, KvFormat kv, double score = 0) {
   const int64_t H = s.hidden_size, D = s.head_dim;
   // A shared expert runs beside the routed ones (their outputs are added): the longer of the two
   // chains, with the widest down projection, bounds both.
@@ -83,7 +83,7 @@ double chain_eps(const ModelSpec& s, int64_t max_positions, DType kv, double sco
   double per_layer = 2 * (f32_gamma(H) + f32_gamma(D) + f32_gamma(max_positions + 32) + f32_gamma(s.q_dim()) +
                           f32_gamma(H) + f32_gamma(H) + f32_gamma(I) +
                           f32_gamma(std::max<int64_t>(s.n_experts_per_token, 1)));
-  if (kv == DType::BF16) {
+  if (kv == KvFormat::BF16) {
     if (score <= 0) fail("chain_eps: a BF16 cache needs the score bound");
     per_layer += std::ldexp(1.0, -8) * (1 + 2 * score);
   }
@@ -179,13 +179,13 @@ double compare_logits(const std::vector<float>& gpu, const std::vector<float>& c
   return worst;
 }
 
-std::unique_ptr<ModelRunner> cuda_runner(const Model& m, int64_t n_blocks, int32_t bs, DType kv = DType::F32,
+std::unique_ptr<ModelRunner> cuda_runner(const Model& m, int64_t n_blocks, int32_t bs, KvFormat kv = KvFormat::F32,
                                          bool graphs = true) {
   CudaRunnerConfig c;
   c.kv = {.block_size = bs, .n_blocks = n_blocks};
   c.max_batch_tokens = 256;
   c.max_seqs = 16;
-  c.kv_dtype = kv;
+  c.kv_format = kv;
   c.cuda_graphs = graphs;
   return make_cuda_runner(m, c);
 }
@@ -214,7 +214,7 @@ class CudaRunnerTest : public ::testing::Test {
 
 TEST_F(CudaRunnerTest, PrefillLogitsMatchTheCpuRunner) {
   auto model = Model::load(dir_->path());
-  for (DType kv : {DType::F32, DType::BF16}) {
+  for (KvFormat kv : {KvFormat::F32, KvFormat::BF16}) {
     int64_t n_blocks = 0;
     Steps s = make_steps(1, 64, 4, &n_blocks, 3);
     auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
@@ -226,13 +226,13 @@ TEST_F(CudaRunnerTest, PrefillLogitsMatchTheCpuRunner) {
     cpu->forward(b, lc);
     gpu->forward(b, lg);
     const double r = compare_logits(lg, lc, 300, chain_eps(model->spec(), 23, kv, score_bound(*model)), "prefill");
-    std::printf("[ measure ] prefill, %s KV: max |gpu - cpu| / bound = %.3g\n", std::string(dtype_name(kv)).c_str(), r);
+    std::printf("[ measure ] prefill, %s KV: max |gpu - cpu| / bound = %.3g\n", std::string(kv_format_name(kv)).c_str(), r);
   }
 }
 
 TEST_F(CudaRunnerTest, GreedyDecodeMatchesTheCpuRunner) {
   auto model = Model::load(dir_->path());
-  for (DType kv : {DType::F32, DType::BF16}) {
+  for (KvFormat kv : {KvFormat::F32, KvFormat::BF16}) {
     int64_t n_blocks = 0;
     Steps s = make_steps(1, 64, 4, &n_blocks, 4);
     auto cpu = make_cpu_runner(*model, {.block_size = 4, .n_blocks = n_blocks}, 2);
@@ -253,7 +253,7 @@ TEST_F(CudaRunnerTest, GreedyDecodeMatchesTheCpuRunner) {
       ++pos;
     }
     std::printf("[ measure ] 24 greedy steps, %s KV: max |gpu - cpu| / bound = %.3g\n",
-                std::string(dtype_name(kv)).c_str(), worst);
+                std::string(kv_format_name(kv)).c_str(), worst);
   }
 }
 
@@ -281,7 +281,7 @@ TEST_F(CudaRunnerTest, MixedPrefillAndDecodeStepMatchesTheCpuRunner) {
     std::vector<float> lc, lg;
     cpu->forward(b, lc);
     gpu->forward(b, lg);
-    compare_logits(lg, lc, 300, chain_eps(model->spec(), 16, DType::F32), "mixed step " + std::to_string(i));
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), 16, KvFormat::F32), "mixed step " + std::to_string(i));
   }
 }
 
@@ -343,7 +343,7 @@ TEST_F(CudaRunnerTest, LongContextMatchesTheCpuRunner) {
   int64_t n_blocks = 0;
   Steps s = make_steps(1, 1600, 16, &n_blocks, 10);
   auto cpu = make_cpu_runner(*model, {.block_size = 16, .n_blocks = n_blocks}, 0);
-  auto gpu = cuda_runner(*model, n_blocks, 16, DType::F32);
+  auto gpu = cuda_runner(*model, n_blocks, 16, KvFormat::F32);
   std::vector<float> lc, lg;
   int32_t pos = 0;
   for (int chunk = 0; chunk < 6; ++chunk) {
@@ -352,33 +352,34 @@ TEST_F(CudaRunnerTest, LongContextMatchesTheCpuRunner) {
     cpu->forward(s.make({{0, t, pos}}, false), lc);
     gpu->forward(s.make({{0, t, pos}}, false), lg);
     pos += 250;
-    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, DType::F32), "chunk " + std::to_string(chunk));
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, KvFormat::F32), "chunk " + std::to_string(chunk));
   }
   for (int step = 0; step < 4; ++step) {
     const int32_t next = argmax(lc.data(), 300);
     cpu->forward(s.make({{0, {next}, pos}}, false), lc);
     gpu->forward(s.make({{0, {next}, pos}}, false), lg);
     ++pos;
-    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, DType::F32), "long decode " + std::to_string(step));
+    compare_logits(lg, lc, 300, chain_eps(model->spec(), pos, KvFormat::F32), "long decode " + std::to_string(step));
   }
 }
 
-TEST_F(CudaRunnerTest, LogitsAreBatchInvariant) {
-  auto model = Model::load(dir_->path());
+// A sequence's logits alone and with other sequences around it (some prefilling, in a different order
+// each step) are bit-identical.
+void expect_batch_invariant(const Model& model, KvFormat kv) {
+  const int64_t V = model.spec().vocab_size;
   int64_t n_blocks = 0;
   Steps s = make_steps(4, 64, 4, &n_blocks, 6);
-  auto alone = cuda_runner(*model, n_blocks, 4, DType::BF16);
-  auto batched = cuda_runner(*model, n_blocks, 4, DType::BF16);
+  auto alone = cuda_runner(model, n_blocks, 4, kv);
+  auto batched = cuda_runner(model, n_blocks, 4, kv);
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   std::vector<float> la, lb;
   alone->forward(s.make({{0, prompt, 0}}, false), la);
-  // Batched: other sequences around it, some prefilling, in a different order each step.
   batched->forward(s.make({{1, {40, 41, 42}, 0}, {0, prompt, 0}, {2, {7}, 0}}, false), lb);
-  ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + 300, 300 * 4)) << "prefill";
+  ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + V, size_t(V) * 4)) << "prefill";
   int32_t pos = int32_t(prompt.size());
   int32_t other = 3;
   for (int step = 0; step < 6; ++step) {
-    const int32_t next = argmax(la.data(), 300);
+    const int32_t next = argmax(la.data(), V);
     alone->forward(s.make({{0, {next}, pos}}, false), la);
     std::vector<Part> parts = {{3, {int32_t(50 + step)}, step}, {1, {int32_t(60 + step)}, other}};
     parts.insert(parts.begin() + (step % 3 == 0 ? 0 : 1), Part{0, {next}, pos});
@@ -387,20 +388,20 @@ TEST_F(CudaRunnerTest, LogitsAreBatchInvariant) {
     size_t row = 0;
     for (size_t i = 0; i < parts.size(); ++i)
       if (parts[i].seq == 0) row = i;
-    ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + row * 300, 300 * 4)) << "decode step " << step;
+    ASSERT_EQ(0, std::memcmp(la.data(), lb.data() + row * size_t(V), size_t(V) * 4)) << "decode step " << step;
     ++pos;
     ++other;
   }
 }
 
-TEST_F(CudaRunnerTest, GraphReplayIsBitIdenticalToEagerLaunches) {
-  // Decode steps replay captured graphs (per batch size and attention partitions); the same steps
-  // launched kernel by kernel must give the same bits. Contexts cross the 128-position split.
-  auto model = Model::load(dir_->path());
+// Decode steps replay captured graphs (per batch size and attention partitions); the same steps
+// launched kernel by kernel must give the same bits. Contexts cross the 128-position split.
+void expect_graphs_match_eager(const Model& model, KvFormat kv) {
+  const int64_t V = model.spec().vocab_size;
   int64_t n_blocks = 0;
   Steps s = make_steps(3, 400, 4, &n_blocks, 9);
-  auto graphs = cuda_runner(*model, n_blocks, 4, DType::BF16, true);
-  auto eager = cuda_runner(*model, n_blocks, 4, DType::BF16, false);
+  auto graphs = cuda_runner(model, n_blocks, 4, kv, true);
+  auto eager = cuda_runner(model, n_blocks, 4, kv, false);
   std::vector<int32_t> prompt(120);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 13 + 1) % 300);
   std::vector<float> lg, le;
@@ -421,12 +422,23 @@ TEST_F(CudaRunnerTest, GraphReplayIsBitIdenticalToEagerLaunches) {
     ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), le.size() * 4)) << "step " << step;
   }
   const CudaRunnerStats st = cuda_runner_stats(*graphs);
-  std::printf("[ measure ] tiny model decode: %lld launches per step\n", (long long)st.launches_last_step);
+  std::printf("[ measure ] decode (%s KV): %lld launches per step\n", std::string(kv_format_name(kv)).c_str(),
+              (long long)st.launches_last_step);
+}
+
+TEST_F(CudaRunnerTest, LogitsAreBatchInvariant) {
+  auto model = Model::load(dir_->path());
+  expect_batch_invariant(*model, KvFormat::BF16);
+}
+
+TEST_F(CudaRunnerTest, GraphReplayIsBitIdenticalToEagerLaunches) {
+  auto model = Model::load(dir_->path());
+  expect_graphs_match_eager(*model, KvFormat::BF16);
 }
 
 TEST_F(CudaRunnerTest, KvPoolIsSizedFromABudget) {
   auto model = Model::load(dir_->path());
-  const int64_t per_block = cuda_kv_bytes_per_block(model->spec(), 16, DType::BF16);
+  const int64_t per_block = cuda_kv_bytes_per_block(model->spec(), 16, KvFormat::BF16);
   CudaRunnerConfig c;
   c.kv = {.block_size = 16, .n_blocks = 0};
   c.kv_budget_bytes = 10 * per_block + per_block / 2;
@@ -467,9 +479,7 @@ TEST_F(CudaRunnerTest, BadInputIsAClearError) {
   EXPECT_EQ(l.size(), 300u);
   CudaRunnerConfig bad;
   bad.kv = {.block_size = 4, .n_blocks = 8};
-  bad.kv_dtype = DType::Q4_K;
-  EXPECT_THROW(make_cuda_runner(*model, bad), Error);
-  bad.kv_dtype = DType::BF16;
+  bad.kv_format = KvFormat::BF16;
   bad.device = 99;
   EXPECT_THROW(make_cuda_runner(*model, bad), Error);
 }
@@ -487,7 +497,7 @@ TEST_F(CudaRunnerTest, TheEngineRunsOnTheCudaRunner) {
     for (size_t j = 0; j < p.size(); ++j) p[j] = int32_t((j * 31 + i * 17 + 3) % 300);
     prompts.push_back(std::move(p));
   }
-  auto make = [&](bool gpu, DType kv, int64_t max_batch_tokens) {
+  auto make = [&](bool gpu, KvFormat kv, int64_t max_batch_tokens) {
     auto model = Model::load(dir_->path());
     std::unique_ptr<ModelRunner> runner =
         gpu ? cuda_runner(*model, 256, 16, kv) : make_cpu_runner(*model, {.block_size = 16, .n_blocks = 256}, 2);
@@ -507,17 +517,17 @@ TEST_F(CudaRunnerTest, TheEngineRunsOnTheCudaRunner) {
     return out;
   };
   {
-    auto batched = make(true, DType::BF16, 48);
+    auto batched = make(true, KvFormat::BF16, 48);
     const auto together = run_all(*batched);
-    auto alone_engine = make(true, DType::BF16, 256);
+    auto alone_engine = make(true, KvFormat::BF16, 256);
     for (size_t i = 0; i < prompts.size(); ++i) {
       RequestOutput o =
           alone_engine->submit({.prompt = prompts[i], .sampling = {.temperature = 0.0f}, .max_tokens = n_new}).collect();
       EXPECT_EQ(o.token_ids, together[i]) << "request " << i << " batched vs alone";
     }
   }
-  auto gpu = make(true, DType::F32, 48);
-  auto cpu = make(false, DType::F32, 48);
+  auto gpu = make(true, KvFormat::F32, 48);
+  auto cpu = make(false, KvFormat::F32, 48);
   const auto g = run_all(*gpu), c = run_all(*cpu);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(g[i], c[i]) << "request " << i << " GPU vs CPU";
 }
@@ -539,20 +549,20 @@ void greedy_against_cpu(const Model& model, int n_new, const std::string& what, 
   int64_t n_blocks = 0;
   Steps s = make_steps(1, 128, 16, &n_blocks, 8);
   auto cpu = make_cpu_runner(model, {.block_size = 16, .n_blocks = n_blocks}, 0);
-  auto gpu = cuda_runner(model, n_blocks, 16, DType::F32);
+  auto gpu = cuda_runner(model, n_blocks, 16, KvFormat::F32);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 21; ++i) prompt.push_back(int32_t((i * 7919 + 13) % V));
   std::vector<float> lc, lg;
   const double quanta = int8_activations ? double(4 * model.spec().n_layers + 1) / 127.0 : 0.0;
   cpu->forward(s.make({{0, prompt, 0}}, true), lc);
   gpu->forward(s.make({{0, prompt, 0}}, true), lg);
-  double worst = compare_logits(lg, lc, V, chain_eps(model.spec(), 21, DType::F32) + quanta, what + " prefill");
+  double worst = compare_logits(lg, lc, V, chain_eps(model.spec(), 21, KvFormat::F32) + quanta, what + " prefill");
   int32_t pos = int32_t(prompt.size());
   for (int step = 0; step < n_new; ++step) {
     const int32_t next = argmax(lc.data() + lc.size() - size_t(V), V);
     cpu->forward(s.make({{0, {next}, pos}}, false), lc);
     gpu->forward(s.make({{0, {next}, pos}}, false), lg);
-    worst = std::max(worst, compare_logits(lg, lc, V, chain_eps(model.spec(), pos + 1, DType::F32) + quanta, what));
+    worst = std::max(worst, compare_logits(lg, lc, V, chain_eps(model.spec(), pos + 1, KvFormat::F32) + quanta, what));
     ++pos;
   }
   std::printf("[ measure ] %s: max |gpu - cpu| / bound = %.3g\n", what.c_str(), worst);
@@ -565,6 +575,45 @@ TEST(CudaRunnerModels, SpillTinyGreedyMatchesTheCpuRunner) {
   cpu::set_activation_mode(cpu::ActivationMode::F32);
   auto model = Model::load(dir);
   greedy_against_cpu(*model, 12, "spill-tiny bf16");
+}
+
+// The FP8 KV cache (e4m3 with a scale per token and KV head) on the bundled model (head_dim 64, GQA 2):
+// batch-invariant and graph-safe as the BF16 cache is; its pool holds about twice the tokens. Its
+// logits differ from the BF16 cache's by the e4m3 rounding of K and V (measured, printed: spill eval
+// --kv-format fp8 gives the KL divergence on real text).
+TEST(CudaRunnerModels, Fp8KvCacheIsBatchInvariantAndGraphSafe) {
+  SPILL_SKIP_WITHOUT_GPU();
+  const std::string dir = checkpoint_dir();
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " not found (set SPILL_TINY_DIR)";
+  auto model = Model::load(dir);
+  expect_batch_invariant(*model, KvFormat::Fp8E4m3);
+  expect_graphs_match_eager(*model, KvFormat::Fp8E4m3);
+  const ModelSpec& spec = model->spec();
+  EXPECT_EQ(cuda_kv_bytes_per_block(spec, 16, KvFormat::Fp8E4m3),
+            16 * 2 * spec.n_layers * spec.n_kv_heads * (spec.head_dim + 4));  // values + one f32 scale per head
+  // Greedy from one prompt with each cache: how far apart they are.
+  const int64_t V = spec.vocab_size;
+  int64_t n_blocks = 0;
+  Steps s = make_steps(1, 128, 16, &n_blocks, 8);
+  auto bf16 = cuda_runner(*model, n_blocks, 16, KvFormat::BF16), fp8 = cuda_runner(*model, n_blocks, 16, KvFormat::Fp8E4m3);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((i * 7919 + 13) % V));
+  std::vector<float> lb, lf;
+  bf16->forward(s.make({{0, prompt, 0}}, false), lb);
+  fp8->forward(s.make({{0, prompt, 0}}, false), lf);
+  int32_t pos = int32_t(prompt.size());
+  int agree = 0, steps = 48;
+  double max_diff = 0;
+  for (int step = 0; step < steps; ++step) {
+    for (int64_t j = 0; j < V; ++j) max_diff = std::max(max_diff, std::fabs(double(lb[size_t(j)]) - double(lf[size_t(j)])));
+    const int32_t next = argmax(lb.data(), V);
+    agree += argmax(lf.data(), V) == next;
+    bf16->forward(s.make({{0, {next}, pos}}, false), lb);
+    fp8->forward(s.make({{0, {next}, pos}}, false), lf);
+    ++pos;
+  }
+  std::printf("[ measure ] spill-tiny, FP8 against BF16 KV over %d steps: same greedy pick %d times, max |logit diff| %.4g\n",
+              steps, agree, max_diff);
 }
 
 // Block-format weights through the real quantizer: a random model whose widths are whole 256-blocks,
@@ -616,7 +665,7 @@ CudaRunnerConfig small_offload_config(int64_t n_blocks, std::optional<offload::P
   c.kv = {.block_size = 16, .n_blocks = n_blocks};
   c.max_batch_tokens = 64;
   c.max_seqs = 4;
-  c.kv_dtype = DType::F32;
+  c.kv_format = KvFormat::F32;
   c.expert_plan = std::move(plan);
   return c;
 }
@@ -940,7 +989,7 @@ TEST(CudaExpertParallel, TwoRanksOnOneGpuGiveTheOneGpuLogits) {
                 })),
                 .devices = {0, 0}, .sums = ExpertParallelConfig::Sums::Host});
   const std::vector<float> got3 = greedy_logits(*group3, s, spec.vocab_size, prompt, 6);
-  const double worst = compare_logits(got3, want3, spec.vocab_size, chain_eps(spec, 64, DType::F32), "top-3, 2 ranks");
+  const double worst = compare_logits(got3, want3, spec.vocab_size, chain_eps(spec, 64, KvFormat::F32), "top-3, 2 ranks");
   std::printf("[ measure ] top-3 over 2 ranks: largest logit difference %.3g of the bound\n", worst);
 }
 

@@ -26,6 +26,7 @@ struct EvalArgs {
   EvalOptions eval;
   int threads = 0;
   DeviceChoice device{};
+  std::optional<KvFormat> kv_format{};  // the evaluated model's; the reference keeps its backend's own
 };
 
 std::string read_text(const std::string& path) {
@@ -57,6 +58,7 @@ void run_eval(EvalArgs a) {
       .device = a.device,
       .threads = a.threads,
       .kv = {.block_size = block_size, .blocks = hand_built_pool_blocks(bundle.model->spec(), window_blocks)},
+      .kv_format = a.kv_format,
       .limits = {.max_seqs = 1, .max_batch_tokens = a.eval.ctx, .max_model_len = a.eval.ctx}};
   std::unique_ptr<Model> model = std::move(bundle.model);
   quantize_as_flagged(*model, a.model, a.threads);
@@ -69,6 +71,7 @@ void run_eval(EvalArgs a) {
     rf.quant = a.reference_quant;
     ref_model = open_model(rf, a.threads);
     runner_options.kv.blocks = hand_built_pool_blocks(ref_model->spec(), window_blocks);
+    runner_options.kv_format.reset();  // --kv-format measures the evaluated model's cache against the default
     ref_runner = open_runner(*ref_model, runner_options);
   } else if (!a.reference_quant.empty()) {
     fail("--reference-quant was given without --reference");
@@ -127,6 +130,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--stride", a->eval.stride, "a window every N tokens (default: --ctx, back to back)");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
+  add_kv_format_option(cmd, a->kv_format);
   cmd->add_option("--json", a->json_out, "also write the figures to this JSON file");
   cmd->callback([a] { run_eval(*a); });
 }

@@ -31,6 +31,7 @@ struct GenerateArgs {
   int max_tokens = 128;
   int threads = 0;
   DeviceChoice device{};
+  std::optional<KvFormat> kv_format{};  // --kv-format
   std::string plan;  // --plan
   offload::StartupPlacement placement;  // --gpu-mem, --host-experts, --host-mem
   bool ignore_eos = false;
@@ -92,6 +93,7 @@ void run_generate(GenerateArgs a, const SamplingFlags& flags) {
   auto runner = open_runner(*model, {.device = a.device,
                                      .threads = a.threads,
                                      .kv = {.block_size = block_size, .blocks = hand_built_pool_blocks(spec, n_blocks)},
+                                     .kv_format = a.kv_format,
                                      .limits = {.max_seqs = 1,
                                                 .max_batch_tokens = int64_t(prompt.size()),
                                                 .max_model_len = total},
@@ -186,6 +188,7 @@ void add_generate_command(CLI::App& app) {
        [](SamplingParams& to, const SamplingParams& from) { to.seed = from.seed; });
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
+  add_kv_format_option(cmd, a->kv_format);
   add_plan_option(cmd, a->plan);
   add_placement_options(cmd, a->placement);
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");

@@ -20,6 +20,7 @@ void add_logits_command(CLI::App& app) {
     std::string ids, out;
     int threads = 0;
     DeviceChoice device{};
+    std::optional<KvFormat> kv_format{};
   };
   auto a = std::make_shared<Args>();
   add_model_flags(cmd, a->model);
@@ -27,6 +28,7 @@ void add_logits_command(CLI::App& app) {
   cmd->add_option("--out", a->out, "output .npy file")->required();
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
+  add_kv_format_option(cmd, a->kv_format);
   cmd->callback([a] {
     const std::vector<int32_t> ids = parse_token_ids(a->ids, "--ids");
     (void)resolve_device(a->device);  // an impossible --device fails before the model is loaded
@@ -38,6 +40,7 @@ void add_logits_command(CLI::App& app) {
                                        .threads = a->threads,
                                        .kv = {.block_size = block_size,
                                               .blocks = hand_built_pool_blocks(model->spec(), n_blocks)},
+                                       .kv_format = a->kv_format,
                                        .limits = {.max_seqs = 1, .max_batch_tokens = n, .max_model_len = n}});
     const HandBuiltTables tables = hand_built_tables(model->spec(), n_blocks);  // one table per KV group
     const std::vector<int32_t>& table = tables.tables[0];

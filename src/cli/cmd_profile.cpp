@@ -28,6 +28,7 @@ struct ProfileArgs {
   int64_t max_batch_tokens = 2048;
   int threads = 0;
   DeviceChoice device{};
+  std::optional<KvFormat> kv_format{};
 };
 
 std::vector<GenerationRequest> read_prompts(const std::string& path, const Tokenizer* tokenizer, int64_t max_tokens) {
@@ -85,7 +86,7 @@ void run_profile(const ProfileArgs& a) {
                             recorder.end_step(kinds);
                           },
                       .observer = &recorder};
-  auto engine = open_engine(dir, EngineOptions{.runner = {.device = a.device, .threads = a.threads}}, config);
+  auto engine = open_engine(dir, EngineOptions{.runner = {.device = a.device, .threads = a.threads, .kv_format = a.kv_format}}, config);
   std::vector<GenerationRequest> requests = read_prompts(a.prompts, engine->tokenizer(), a.max_tokens);
   std::vector<RequestStream> streams;
   for (GenerationRequest& r : requests) streams.push_back(engine->submit(std::move(r)));
@@ -131,6 +132,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "tokens per step")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
+  add_kv_format_option(cmd, a->kv_format);
   cmd->callback([a] { run_profile(*a); });
 }
 

@@ -35,6 +35,7 @@ struct RunBatchArgs {
   int64_t max_model_len = 0;
   int threads = 0;
   DeviceChoice device{};
+  std::optional<KvFormat> kv_format{};  // --kv-format
   std::string plan;  // --plan
   offload::StartupPlacement placement;  // --gpu-mem, --host-experts, --host-mem
   int64_t max_tokens = 128;
@@ -175,6 +176,7 @@ void run_batch(RunBatchArgs a) {
   options.runner.device = a.device;
   options.runner.threads = a.threads;
   options.runner.kv = {.block_size = a.block_size, .blocks = a.kv_blocks, .bytes = a.kv_mem};
+  options.runner.kv_format = a.kv_format;
   options.runner.expert_plan = a.plan;
   options.runner.placement = a.placement;
   options.quant = a.quant;
@@ -315,6 +317,7 @@ void add_run_batch_command(CLI::App& app) {
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "do not share KV blocks between requests");
   cmd->add_option("--threads", a->threads, "CPU threads (default: all)");
   add_device_option(cmd, a->device);
+  add_kv_format_option(cmd, a->kv_format);
   add_plan_option(cmd, a->plan);
   add_placement_options(cmd, a->placement);
   cmd->callback([a] { run_batch(*a); });

@@ -58,6 +58,15 @@ void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) 
                   "taken from --gpu-mem); hit rates in /metrics");
 }
 
+CLI::Option* add_kv_format_option(CLI::App* cmd, std::optional<KvFormat>& format) {
+  return cmd
+      ->add_option_function<std::string>(
+          "--kv-format", [&format](const std::string& value) { format = parse_kv_format(value); },
+          "KV cache format: bf16 (the GPU's default), fp8 (e4m3 with a scale per token and KV head: half the bytes, "
+          "twice the tokens), f32 (the CPU runner's only format)")
+      ->type_name("FORMAT");
+}
+
 CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device) {
   return cmd
       ->add_option_function<std::string>(

@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ std::unique_ptr<Model> open_synthetic_model(const ModelFlags& flags, int threads
 // --device cpu|cuda|cuda:N|auto into device (which must outlive cmd); a bad value is a
 // spill::Error at parse time. Every command that runs a model has it (engine/open_engine.h).
 CLI::Option* add_device_option(CLI::App* cmd, DeviceChoice& device);
+
+// --kv-format f32|bf16|fp8 into format (which must outlive cmd); a bad value is a spill::Error at parse
+// time. Every command that runs a model has it (RunnerOptions::kv_format).
+CLI::Option* add_kv_format_option(CLI::App* cmd, std::optional<KvFormat>& format);
 
 // --plan FILE into path (which must outlive cmd): the placement plan a GPU runner executes.
 CLI::Option* add_plan_option(CLI::App* cmd, std::string& path);

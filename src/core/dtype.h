@@ -35,6 +35,11 @@ enum class DType : uint8_t {
 };
 constexpr int kNumDTypes = 16;
 
+// What a KV cache stores K and V in (sizes and names: model/kv_format.h). F32 is what the CPU runner
+// keeps; BF16 and FP8 (e4m3 values with one f32 scale per token, KV head and K or V: quant/fp8.h) are
+// for GPU runners.
+enum class KvFormat : uint8_t { F32, BF16, Fp8E4m3 };
+
 struct DTypeTraits {
   std::string_view name;  // as spill and ggml print it: "F32", "Q4_K", ...
   int32_t block_elems;    // weights per block (1 for plain floats)

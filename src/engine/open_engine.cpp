@@ -39,14 +39,15 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
                           .device = cuda_index,
                           .max_batch_tokens = limits.max_batch_tokens,
                           .max_seqs = limits.max_seqs,
-                          .max_model_len = limits.max_model_len};
+                          .max_model_len = limits.max_model_len,
+                          .kv_format = options.kv_format.value_or(KvFormat::BF16)};
   if (!options.expert_plan.empty() && options.placement.requested())
     fail("--plan {} and --gpu-mem / --host-experts / --host-mem both say where the experts go: give one", options.expert_plan);
   if (!options.expert_plan.empty()) config.expert_plan = offload::load_plan(options.expert_plan);
   if (options.placement.requested()) {
     offload::StartupPlan planned =
         offload::plan_at_startup(model, options.placement, limits.max_seqs, limits.max_model_len, limits.max_batch_tokens,
-                                 options.kv.bytes);
+                                 options.kv.bytes, config.kv_format);
     fmt::print(stderr, "[spill] placement at start-up:\n{}", planned.fit_report);
     config.expert_plan = std::move(planned.plan);
     // The KV pool takes what --gpu-mem leaves (unless --kv-mem or a block count says otherwise).
@@ -146,6 +147,9 @@ std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions
     fail("--plan {}: a placement plan says which experts a GPU reads from host RAM; on --device cpu every weight is "
          "in host RAM already (drop --plan, or run on cuda)",
          options.expert_plan);
+  if (options.kv_format && *options.kv_format != KvFormat::F32)
+    fail("--kv-format {}: the CPU runner keeps its KV cache in f32 (its only format); bf16 and fp8 are for --device cuda",
+         kv_format_name(*options.kv_format));
   return make_cpu_runner(model, CpuRunnerConfig{.kv = options.kv, .limits = options.limits, .n_threads = options.threads});
 }
 

@@ -8,6 +8,7 @@
 //   auto  (the default) cuda when this build has a CUDA runner and a usable GPU is present, else cpu.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,9 @@ struct RunnerOptions {
   DeviceChoice device{};
   int threads = 0;        // CPU threads (the CPU runner's pool; a GPU runner's host side); <= 0: all
   KvCapacity kv{};        // block size, and the pool by blocks, by bytes (--kv-mem) or by the runner's default
+  // --kv-format: what the KV cache stores K and V in (model/kv_format.h); unset: the backend's own,
+  // f32 on the CPU runner (its only one) and bf16 on CUDA (fp8 halves it: e4m3 with per-head scales).
+  std::optional<KvFormat> kv_format{};
   RunnerLimits limits{};  // max sequences, tokens per step, model length
   // --plan: a placement plan (`spill plan --out`) saying which routed experts live in host RAM
   // (read by the GPU in place over PCIe) and which in VRAM; "": every weight on the GPU. CUDA only.

@@ -7,14 +7,14 @@
 #include <string_view>
 #include <vector>
 
+#include "core/dtype.h"
 #include "formats/model_spec.h"
 #include "model/batch.h"
 
 namespace spill {
 
-// F32 is what the CPU runner keeps; BF16 and FP8 (e4m3 values with one f32 scale per token, KV
-// head and K or V) are for GPU runners.
-enum class KvFormat : uint8_t { F32, BF16, Fp8E4m3 };
+// KvFormat itself (F32, BF16, Fp8E4m3) is declared in core/dtype.h, where the CUDA sources (C++17)
+// can include it.
 std::string_view kv_format_name(KvFormat f);  // "f32", "bf16", "fp8"
 // "f32", "bf16", "fp8" / "fp8_e4m3" (case-insensitive); throws spill::Error naming flag.
 KvFormat parse_kv_format(std::string_view text, std::string_view flag = "--kv-format");

@@ -75,7 +75,7 @@ int64_t StartupPlacement::expert_cache_bytes() const {
 }
 
 StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, int64_t max_seqs, int64_t max_model_len,
-                            int64_t max_batch_tokens, int64_t kv_mem) {
+                            int64_t max_batch_tokens, int64_t kv_mem, KvFormat kv_format) {
   using namespace placement;
   if (flags.gpu_mem.empty())
     fail("--host-experts and --host-mem plan the experts within a GPU budget: give --gpu-mem too (what spill may use "
@@ -84,7 +84,7 @@ StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, i
   req.shape = shape_of(model);
   req.measured = measure_weights(model);
   req.types = dominant_types(model);
-  req.kv_format = KvFormat::BF16;  // the CUDA runner's KV cache
+  req.kv_format = kv_format;
   // One budget per GPU: several make an expert-parallel plan in the layout the runner runs (every GPU
   // a share of each layer's experts, the rest replicated).
   req.gpu_mem = parse_byte_sizes(flags.gpu_mem, "--gpu-mem");

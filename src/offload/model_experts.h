@@ -53,8 +53,9 @@ struct StartupPlan {
 // model holds them (after any --quant): KV for min(max_seqs, 4) sequences of the model length
 // (at most 32768) unless kv_mem > 0, the embedding in VRAM (the CUDA runner keeps it there).
 // Throws spill::Error carrying the fit report when the model does not fit, before any upload.
+// kv_format: the format the runner will keep its KV cache in (the CUDA runner's default, BF16).
 StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, int64_t max_seqs, int64_t max_model_len,
-                            int64_t max_batch_tokens, int64_t kv_mem);
+                            int64_t max_batch_tokens, int64_t kv_mem, KvFormat kv_format = KvFormat::BF16);
 
 // offload::uniform_plan for this model: host_share of every MoE layer's experts in host RAM, each
 // layer priced at its own experts' bytes (a GGUF mix may give layers different down types). For

@@ -13,7 +13,7 @@
 //                          [--host-share F | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
 //                          [--expert-cache-mem BYTES] [--no-staging]
 //                          [--routing-skew zipf:S]
-//                          [--warmup N] [--expert-parallel G]
+//                          [--warmup N] [--expert-parallel G] [--kv-format bf16|fp8|f32]
 // With host experts, the host bytes each step read are also measured (the runner's expert
 // traffic counters) beside the prediction from the observed step's routing; with the expert cache,
 // --warmup decode steps (default 300) run before the timed ones, so the cache has filled.
@@ -65,6 +65,7 @@ struct Args {
   std::string host_experts;  // --host-experts: with --gpu-mem, at least this share of experts on host
   bool staging = true;       // --no-staging: prefill reads host experts in place
   std::string cache_mem;  // --expert-cache-mem
+  KvFormat kv_format = KvFormat::BF16;  // --kv-format
   std::string routing_skew;
   // --expert-counts / --no-expert-counts: count always / never (default: with a plan, as serving does)
   CudaRunnerConfig::ExpertCounting counting = CudaRunnerConfig::ExpertCounting::WithPlan;
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
     else if (f == "--expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Always;
     else if (f == "--routing-skew") a.routing_skew = next();
     else if (f == "--warmup") a.warmup = std::atoi(next().c_str());
+    else if (f == "--kv-format") a.kv_format = parse_kv_format(next());
     else if (f == "--quant") a.quant = next();
     else if (f == "--context") a.context = std::atoi(next().c_str());
     else if (f == "--prefill-chunk") a.prefill_chunk = std::atoi(next().c_str());
@@ -162,6 +164,7 @@ int main(int argc, char** argv) {
     const int32_t blocks_per_seq = (a.context + warmup + a.steps + 2 + bs - 1) / bs;
     CudaRunnerConfig config;
     config.kv = {.block_size = bs, .n_blocks = int64_t(blocks_per_seq) * max_b};
+    config.kv_format = a.kv_format;
     config.max_batch_tokens = std::max<int64_t>(a.prefill_chunk, max_b);
     config.max_seqs = std::max(max_b, 1);
     config.max_model_len = int64_t(blocks_per_seq) * bs;
@@ -214,10 +217,10 @@ int main(int argc, char** argv) {
       if (!w.experts.empty())
         expert_bytes = bytes_of(w.experts[0].gate) + bytes_of(w.experts[0].up) + bytes_of(w.experts[0].down);
     }
-    const int64_t kv_token_bytes = 2 * spec.n_layers * spec.kv_dim() * (config.kv_dtype == DType::F32 ? 4 : 2);
+    const int64_t kv_token_bytes = kv_bytes_per_token(spec, config.kv_format);
     std::printf("cuda_decode_bench: %s, %lld layers, quant %s, context %d, block %d, KV %s\n",
                 a.model.empty() ? a.shape.c_str() : a.model.c_str(),
-                (long long)spec.n_layers, a.model.empty() ? a.quant.c_str() : "as stored", a.context, bs, std::string(dtype_name(config.kv_dtype)).c_str());
+                (long long)spec.n_layers, a.model.empty() ? a.quant.c_str() : "as stored", a.context, bs, std::string(kv_format_name(config.kv_format)).c_str());
     std::printf("model made and uploaded in %.1f s: weights %.2f GiB on the GPU, KV pool %.2f GiB, workspace %.2f GiB\n",
                 load_s, st.weight_bytes / 1073741824.0, st.kv_bytes / 1073741824.0, st.workspace_bytes / 1073741824.0);
     if (config.expert_plan)

@@ -244,9 +244,10 @@ class CudaRunner final : public ModelRunner {
   bool moe_blocks_ = false;
   int64_t moe_workspace_bytes_ = 0;
 
-  // KV pool: K then V, per layer [n_blocks][block_size][n_kv_heads][head_dim].
+  // KV pool: a plane per layer of K, then per layer of V, each [n_blocks][block_size][n_kv_heads]
+  // [head_dim] values; an FP8 plane's values are followed by its scales [slots][n_kv_heads] (f32).
   DeviceAlloc kv_;
-  int64_t kv_layer_elems_ = 0;
+  int64_t kv_layer_elems_ = 0, kv_plane_bytes_ = 0;
 
   // Activations and scratch, sized for config_.max_batch_tokens.
   DeviceAlloc act_mem_;
@@ -402,8 +403,10 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   if (config.max_batch_tokens <= 0 || config.max_seqs <= 0)
     fail("CUDA runner: max_batch_tokens ({}) and max_seqs ({}) must be positive", config.max_batch_tokens,
          config.max_seqs);
-  if (config.kv_dtype != DType::BF16 && config.kv_dtype != DType::F32)
-    fail("CUDA runner: KV cache type {} is not supported; use bf16 or f32", dtype_name(config.kv_dtype));
+  if (config.kv_format == KvFormat::Fp8E4m3 && !cuda::kv_fp8_supported(spec_.n_heads, spec_.n_kv_heads, spec_.head_dim))
+    fail("CUDA runner: an FP8 KV cache needs head_dim 64 or 128 and a GQA group of at most 16 query heads (or a multiple "
+         "of 16); {} has {} query heads over {} KV heads of {}: use --kv-format bf16",
+         spec_.model_type, spec_.n_heads, spec_.n_kv_heads, spec_.head_dim);
   if (spec_.head_dim > cuda::kMaxHeadDim || spec_.head_dim % 2 != 0)
     fail("CUDA runner: head_dim {} is not supported (even, at most {})", spec_.head_dim, cuda::kMaxHeadDim);
   if (spec_.n_kv_heads <= 0 || spec_.n_heads % spec_.n_kv_heads != 0)
@@ -472,7 +475,7 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
 
   // The KV pool: as many blocks as asked, or what the budget (or, with none, the free memory less a
   // reserve) holds.
-  const int64_t block_bytes = cuda_kv_bytes_per_block(spec_, kv.block_size, config.kv_dtype);
+  const int64_t block_bytes = cuda_kv_bytes_per_block(spec_, kv.block_size, config.kv_format);
   if (kv.n_blocks == 0) {
     int64_t budget = config_.kv_budget_bytes;
     if (budget <= 0) {
@@ -489,9 +492,12 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   const int64_t capacity = config_.kv.n_blocks * int64_t(kv.block_size);
   if (capacity > int64_t(INT32_MAX) * 16) fail("CUDA runner: a KV pool of {} slots is too large", capacity);
   kv_layer_elems_ = capacity * spec_.kv_dim();
-  kv_bytes_ = config_.kv.n_blocks * block_bytes;
+  // Planes start on 256-byte boundaries (the kernels' 16-byte words of K and V need it; an FP8 plane
+  // of an odd slot count would not keep it).
+  kv_plane_bytes_ = (capacity * (kv_bytes_per_token_per_layer(spec_, config.kv_format) / 2) + 255) / 256 * 256;
+  kv_bytes_ = 2 * spec_.n_layers * kv_plane_bytes_;
   kv_.allocate(size_t(kv_bytes_), "the KV cache");
-  config_.kv.format = config.kv_dtype == DType::F32 ? KvFormat::F32 : KvFormat::BF16;
+  config_.kv.format = config.kv_format;
   config_.kv.bytes_per_block = block_bytes;
   limits_ = {.max_seqs = config.max_seqs, .max_batch_tokens = config.max_batch_tokens, .max_model_len = max_model_len_};
   check(cudaStreamSynchronize(stream_), "CUDA runner: preparing the workspace");
@@ -1176,7 +1182,6 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
   }
   mark("embedding");
 
-  const size_t kv_elem = config_.kv_dtype == DType::F32 ? 4 : 2;
   const int attention_launches = st.grid_parts > 1 ? 2 : cuda::attention_launches(max_positions);
   bool pending_residual = false;  // mlp_out_ still to be added to x_
   bool pending_shared = false;    // and shared_out_ with it
@@ -1212,14 +1217,18 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
       linear(d.v, h_, n, v, nullptr, attn_in);
     }
     mark("q/k/v projections");
-    uint8_t* k_cache = kv_.as<uint8_t>() + size_t(l * kv_layer_elems_) * kv_elem;
-    uint8_t* v_cache = kv_.as<uint8_t>() + size_t((spec_.n_layers + l) * kv_layer_elems_) * kv_elem;
+    uint8_t* k_cache = kv_.as<uint8_t>() + size_t(l * kv_plane_bytes_);
+    uint8_t* v_cache = kv_.as<uint8_t>() + size_t((spec_.n_layers + l) * kv_plane_bytes_);
+    const bool fp8 = config_.kv_format == KvFormat::Fp8E4m3;
+    float* k_scale = fp8 ? reinterpret_cast<float*>(k_cache + kv_layer_elems_) : nullptr;
+    float* v_scale = fp8 ? reinterpret_cast<float*>(v_cache + kv_layer_elems_) : nullptr;
     cuda::rope_kv_write({.q = q, .k = k, .v = v, .ld_q = ld_q, .ld_k = ld_k, .ld_v = ld_v, .positions = pos_d,
                          .slots = slots_d, .inv_freq = inv_freq_, .attention_factor = attention_factor_,
                          .clip = float(spec_.clip_qkv), .q_norm = d.q_norm, .k_norm = d.k_norm,
                          .norm_per_head = spec_.qk_norm == QkNorm::PerHead, .norm_eps = spec_.rms_norm_eps,
                          .k_cache = k_cache, .v_cache = v_cache,
-                         .kv_type = config_.kv_dtype, .n = n, .n_heads = spec_.n_heads,
+                         .kv_type = config_.kv_format, .k_scale = k_scale, .v_scale = v_scale, .n = n,
+                         .n_heads = spec_.n_heads,
                          .n_kv_heads = spec_.n_kv_heads, .head_dim = D},
                         stream_);
     ++launches_;
@@ -1227,7 +1236,8 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
     for (int64_t t0 = 0; t0 < n; t0 += attn_tokens_per_call_) {
       const int64_t nt = std::min(attn_tokens_per_call_, n - t0);
       cuda::paged_attention({.q = q + t0 * ld_q, .ld_q = ld_q, .k_cache = k_cache, .v_cache = v_cache,
-                             .kv_type = config_.kv_dtype, .positions = pos_d + t0, .table_offset = table_off_d + t0,
+                             .kv_type = config_.kv_format, .k_scale = k_scale, .v_scale = v_scale,
+                             .positions = pos_d + t0, .table_offset = table_off_d + t0,
                              .block_tables = tables_d, .block_size = bs, .out = attn_ + t0 * Q, .n = nt,
                              .n_heads = spec_.n_heads, .n_kv_heads = spec_.n_kv_heads, .head_dim = D,
                              .max_positions = max_positions, .min_grid_parts = st.grid_parts,

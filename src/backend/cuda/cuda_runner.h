@@ -62,7 +62,9 @@ struct CudaRunnerConfig {
   // <= 0: what the KV pool holds (n_blocks * block_size; with n_blocks 0 the model's
   // max_position_embeddings), capped at the model's max_position_embeddings.
   int64_t max_model_len = 0;
-  DType kv_dtype = DType::BF16;     // BF16 or F32
+  // F32, BF16 (the default) or FP8 (e4m3 with a scale per token, KV head and K or V: half BF16's bytes;
+  // head_dim 64 or 128 and a GQA group of at most 16 query heads, or a multiple of 16).
+  KvFormat kv_format = KvFormat::BF16;
   // Decode-only steps (one token per chunk, logits for each) replay a CUDA graph per (batch size,
   // attention partitions), captured at first use; false: every step is launched kernel by kernel.
   bool cuda_graphs = true;
@@ -99,9 +101,10 @@ struct CudaRunnerConfig {
   ExpertShard shard{};
 };
 
-// Bytes one KV block takes on the CUDA backend (K and V, all layers, kv_dtype elements).
-inline int64_t cuda_kv_bytes_per_block(const ModelSpec& spec, int32_t block_size, DType kv_dtype) {
-  return 2 * spec.n_layers * int64_t(block_size) * spec.kv_dim() * (kv_dtype == DType::F32 ? 4 : 2);
+// Bytes one KV block takes on the CUDA backend (K and V, all layers, scales included): the
+// planner's arithmetic (model/kv_format.h).
+inline int64_t cuda_kv_bytes_per_block(const ModelSpec& spec, int32_t block_size, KvFormat format) {
+  return int64_t(block_size) * kv_bytes_per_token(spec, format);
 }
 
 // What a CUDA runner holds on the device, and what its last step launched (benchmarks, logs).

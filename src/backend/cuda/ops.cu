@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -298,6 +299,46 @@ __device__ __forceinline__ float to_kv<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 to_kv<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// The FP8 cache's tag (e4m3 bytes and a scale per (slot, KV head); quant/fp8.h).
+struct Fp8Kv {};
+
+__device__ __forceinline__ uint8_t e4m3_of(float x) {
+  return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+// quant::quantize_kv_fp8 of one (token, KV head) vector that a warp holds, PL values per lane (lane l
+// values PL l .. PL l + PL - 1): the same operations (max |x| and whether all are finite over the
+// warp, amax / 448 and 448 / amax, one product per value, cvt.rn.satfinite), so the same bytes.
+template <int PL>
+__device__ __forceinline__ void store_kv_fp8(const float (&x)[PL], uint8_t* dst, float* scale_dst, int lane) {
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    finite = finite && isfinite(x[i]);
+    amax = fmaxf(amax, fabsf(x[i]));
+  }
+  amax = warp_max_f(amax);
+  finite = __all_sync(0xffffffffu, finite);
+  const bool zero = !finite || amax == 0.0f;
+  const float inv = zero ? 0.0f : __fdiv_rn(448.0f, amax);
+  uint8_t q[PL];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) q[i] = zero ? uint8_t(0) : e4m3_of(__fmul_rn(x[i], inv));
+  if constexpr (PL == 2) {
+    *reinterpret_cast<uint16_t*>(dst) = uint16_t(q[0] | (q[1] << 8));
+  } else {
+    uint32_t w[PL / 4];
+#pragma unroll
+    for (int j = 0; j < PL / 4; ++j)
+      w[j] = uint32_t(q[4 * j]) | (uint32_t(q[4 * j + 1]) << 8) | (uint32_t(q[4 * j + 2]) << 16) |
+             (uint32_t(q[4 * j + 3]) << 24);
+    if constexpr (PL == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
+    else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  }
+  if (lane == 0) *scale_dst = !finite ? __int_as_float(0x7fc00000) : amax == 0.0f ? 0.0f : __fdiv_rn(amax, 448.0f);
+}
+
 template <class KV>
 __device__ __forceinline__ float from_kv(KV v);
 template <>
@@ -305,14 +346,19 @@ __device__ __forceinline__ float from_kv<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ float from_kv<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// KV = Fp8Kv: the rotated k goes back into a.k, and once the block has rotated every head, a warp
+// per KV head rounds k and v (store_kv_fp8, in chunks of 32 values per lane pass: head_dim a multiple
+// of 32 up to kMaxHeadDim).
 template <class KV>
 __global__ void rope_kv_kernel(RopeKvArgs a) {
+  constexpr bool kFp8 = std::is_same_v<KV, Fp8Kv>;
+  using Store = std::conditional_t<kFp8, float, KV>;
   overlap_prologue();
   const int64_t t = blockIdx.x;
   const int64_t D = a.head_dim, half = D / 2;
   const float pos = float(a.positions[t]);
-  KV* kc = static_cast<KV*>(a.k_cache) + a.slots[t] * a.n_kv_heads * D;
-  KV* vc = static_cast<KV*>(a.v_cache) + a.slots[t] * a.n_kv_heads * D;
+  Store* kc = kFp8 ? nullptr : static_cast<Store*>(a.k_cache) + a.slots[t] * a.n_kv_heads * D;
+  Store* vc = kFp8 ? nullptr : static_cast<Store*>(a.v_cache) + a.slots[t] * a.n_kv_heads * D;
   if (a.q_norm) {
     float* q = a.q + t * a.ld_q;
     float* k = a.k + t * a.ld_k;
@@ -360,14 +406,55 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
       v[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
     } else {
       const int64_t kh = h - a.n_heads;
-      const float* v = a.k + t * a.ld_k + kh * D;
+      float* v = a.k + t * a.ld_k + kh * D;
       const float x0 = clip_value(v[i], a.clip), x1 = clip_value(v[i + half], a.clip);
-      kc[kh * D + i] = to_kv<KV>(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-      kc[kh * D + i + half] = to_kv<KV>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+      const float r0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), r1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+      if constexpr (kFp8) {
+        v[i] = r0;  // the pair (i, i + half) is this item's alone
+        v[i + half] = r1;
+      } else {
+        kc[kh * D + i] = to_kv<KV>(r0);
+        kc[kh * D + i + half] = to_kv<KV>(r1);
+      }
     }
   }
-  for (int64_t j = threadIdx.x; j < a.n_kv_heads * D; j += blockDim.x)
-    vc[j] = to_kv<KV>(clip_value(a.v[t * a.ld_v + j], a.clip));
+  if constexpr (kFp8) {
+    __syncthreads();  // every head rotated
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t slot = a.slots[t];
+    for (int64_t hh = warp; hh < 2 * a.n_kv_heads; hh += blockDim.x / 32) {
+      const bool is_v = hh >= a.n_kv_heads;
+      const int64_t kh = is_v ? hh - a.n_kv_heads : hh;
+      const float* src = is_v ? a.v + t * a.ld_v + kh * D : a.k + t * a.ld_k + kh * D;
+      // kMaxHeadDim / 32 values per lane at most; lane l holds values l P .. l P + P - 1, P = D / 32.
+      constexpr int kMaxPL = kMaxHeadDim / 32;
+      float x[kMaxPL];
+      const int pl = int(D / 32);
+#pragma unroll
+      for (int i = 0; i < kMaxPL; ++i) x[i] = i < pl ? (is_v ? clip_value(src[pl * lane + i], a.clip) : src[pl * lane + i]) : 0.0f;
+      float amax = 0.0f;
+      bool finite = true;
+#pragma unroll
+      for (int i = 0; i < kMaxPL; ++i) {
+        finite = finite && isfinite(x[i]);
+        amax = fmaxf(amax, fabsf(x[i]));
+      }
+      amax = warp_max_f(amax);
+      finite = __all_sync(0xffffffffu, finite);
+      const bool zero = !finite || amax == 0.0f;
+      const float inv = zero ? 0.0f : __fdiv_rn(448.0f, amax);
+      uint8_t* dst = static_cast<uint8_t*>(is_v ? a.v_cache : a.k_cache) + (slot * a.n_kv_heads + kh) * D + pl * lane;
+#pragma unroll
+      for (int i = 0; i < kMaxPL; ++i)
+        if (i < pl) dst[i] = zero ? uint8_t(0) : e4m3_of(__fmul_rn(x[i], inv));
+      if (lane == 0)
+        (is_v ? a.v_scale : a.k_scale)[slot * a.n_kv_heads + kh] =
+            !finite ? __int_as_float(0x7fc00000) : amax == 0.0f ? 0.0f : __fdiv_rn(amax, 448.0f);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < a.n_kv_heads * D; j += blockDim.x)
+      vc[j] = to_kv<KV>(clip_value(a.v[t * a.ld_v + j], a.clip));
+  }
 }
 
 // head_dim = 32 * PL (64, 128, 256) with per-head norms or none: a warp per head, four heads per
@@ -422,6 +509,13 @@ __global__ void __launch_bounds__(kRopeHeadsPerBlock * 32) rope_kv_head_kernel(R
   if (is_q) {
 #pragma unroll
     for (int i = 0; i < PL; ++i) src[d0 + i] = out[i];
+  } else if constexpr (std::is_same_v<KV, Fp8Kv>) {
+    const int64_t at = slot * nkv + kh;
+    float vx[PL];
+#pragma unroll
+    for (int i = 0; i < PL; ++i) vx[i] = clip_value(vv[i], a.clip);
+    store_kv_fp8<PL>(out, static_cast<uint8_t*>(a.k_cache) + at * D + d0, a.k_scale + at, lane);
+    store_kv_fp8<PL>(vx, static_cast<uint8_t*>(a.v_cache) + at * D + d0, a.v_scale + at, lane);
   } else {
     KV* kc = static_cast<KV*>(a.k_cache) + slot * nkv * D + int64_t(kh) * D;
     KV* vc = static_cast<KV*>(a.v_cache) + slot * nkv * D + int64_t(kh) * D;
@@ -861,9 +955,30 @@ __host__ __device__ constexpr int mma_attention_smem(int D) {
   const int merge = kWarpsPerBlock * 16 * D * 4;  // the warps' O, reusing the V tiles' bytes
   return v > merge ? v : merge;
 }
+// An FP8 cache's V tiles arrive as bytes (cp.async, beside the bf16 tiles) and are converted into
+// the bf16 tiles once Q K^T is done: 32 rows of D bytes per warp more.
+__host__ __device__ constexpr int mma_attention_smem(int D, bool fp8) {
+  return mma_attention_smem(D) + (fp8 ? kWarpsPerBlock * kMmaTile * D : 0);
+}
+
+// Eight e4m3 values (lowest byte first) times scale, as the bf16 pairs the BF16 cache would hold
+// for them (quant::kv_fp8_to_bf16: the conversion is exact, then one product and one rounding).
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t pair, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 w, float scale) {
+  return make_uint4(fp8x2_to_bf16x2(w.x & 0xFFFFu, scale), fp8x2_to_bf16x2(w.x >> 16, scale),
+                    fp8x2_to_bf16x2(w.y & 0xFFFFu, scale), fp8x2_to_bf16x2(w.y >> 16, scale));
+}
 
 // The prompt build is held to 168 registers (3 blocks per SM instead of 2, 16 bytes spilled).
-template <int D, bool kShare>
+// kFp8: the cache holds e4m3 bytes and a scale per (slot, KV head); K words and V tiles are turned
+// into the bf16 values quant::kv_fp8_to_bf16 gives as they arrive, and from there on the arithmetic
+// is the BF16 cache's, so the bits are those of the BF16 kernel over a cache of those values.
+template <int D, bool kShare, bool kFp8>
 __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads,
                                                                int32_t share_tokens) {
   const int32_t kTokens = kShare ? share_tokens : 1;  // a decode step's build keeps one token's code
@@ -883,9 +998,15 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
   const int64_t row_elems = a.n_kv_heads * D;
   const float scale = 1.0f / sqrtf(float(D));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
-  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache) + int64_t(kvh) * D;
-  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache) + int64_t(kvh) * D;
+  // Element offsets: bf16 elements, or bytes of an FP8 cache (one byte per value).
+  using Elem = std::conditional_t<kFp8, uint8_t, __nv_bfloat16>;
+  const Elem* kc = static_cast<const Elem*>(a.k_cache) + int64_t(kvh) * D;
+  const Elem* vc = static_cast<const Elem*>(a.v_cache) + int64_t(kvh) * D;
   uint8_t* v_tile = smem + warp * kMmaTile * mma_v_row_bytes(D);
+  // FP8: the warp's V bytes as they arrive (32 rows of D), and the scales' column of this KV head.
+  uint8_t* v_raw = smem + mma_attention_smem(D) + warp * kMmaTile * D;
+  const float* ks_col = kFp8 ? a.k_scale + kvh : nullptr;
+  const float* vs_col = kFp8 ? a.v_scale + kvh : nullptr;
   const int32_t length = attention_split(a.positions[t_first] + 1).length;
 
   // The block's kTokens tokens share the m16 tiles (row r: token r / kHeads, head r % kHeads) when
@@ -949,35 +1070,61 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
     for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
     for (int32_t tile = pb + warp * kMmaTile; tile < p_end_max; tile += kWarpsPerBlock * kMmaTile) {
-      auto row_of = [&](int32_t p) {
-        return (int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size) * row_elems;
-      };
-      // V rows of the tile into shared memory (zeros past the pass), in flight during Q K^T.
+      auto slot_of = [&](int32_t p) { return int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size; };
+      auto row_of = [&](int32_t p) { return slot_of(p) * row_elems; };
+      // V rows of the tile into shared memory (zeros past the pass), in flight during Q K^T. FP8:
+      // the bytes into v_raw, and lane r holds row r's scale.
       __syncwarp();  // the previous tile's ldmatrix reads are done
+      float v_scale_r = 0.0f;
       {
-        constexpr int kChunks = D / 8;  // 16-byte pieces per row
-        const unsigned base = unsigned(__cvta_generic_to_shared(v_tile));
+        constexpr int kRowBytes = kFp8 ? D : 2 * D;
+        constexpr int kChunks = kRowBytes / 16;  // 16-byte pieces per row
+        const unsigned base = unsigned(__cvta_generic_to_shared(kFp8 ? v_raw : v_tile));
 #pragma unroll 4
         for (int i = lane; i < kMmaTile * kChunks; i += 32) {
           const int r = i / kChunks, c = i % kChunks;
           const int32_t p = tile + r;
           const bool live = p < p_end_max;
-          const __nv_bfloat16* src = vc + (live ? row_of(p) : 0) + 8 * c;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + unsigned(r * mma_v_row_bytes(D) + 16 * c)),
+          const Elem* src = vc + (live ? row_of(p) : 0) + (16 / sizeof(Elem)) * c;
+          const int dst = kFp8 ? r * D + 16 * c : r * mma_v_row_bytes(D) + 16 * c;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + unsigned(dst)),
                        "l"(src), "r"(live ? 16 : 0));
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
+        if constexpr (kFp8) {
+          const int32_t p = tile + lane;
+          if (p < p_end_max) v_scale_r = vs_col[slot_of(p) * a.n_kv_heads];
+        }
       }
       // S = Q K^T for the tile's four n tiles of 8 positions; lane holds positions 2 tq, 2 tq + 1 of each.
       // Every K word of the tile is requested before the first product (one round trip, not four).
       uint4 kw[4][kWords];
+      if constexpr (kFp8) {
+        uint2 kb[4][kWords];
+        float ks[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int32_t p = tile + 8 * j + g;
-        const bool live = p < p_end_max;
-        const uint4* k4 = reinterpret_cast<const uint4*>(kc + (live ? row_of(p) : 0));
+        for (int j = 0; j < 4; ++j) {
+          const int32_t p = tile + 8 * j + g;
+          const bool live = p < p_end_max;
+          const int64_t slot = live ? slot_of(p) : 0;
+          const uint2* k2 = reinterpret_cast<const uint2*>(kc + slot * row_elems);
+          ks[j] = live ? ks_col[slot * a.n_kv_heads] : 0.0f;
 #pragma unroll
-        for (int m = 0; m < kWords; ++m) kw[j][m] = live ? k4[tq + 4 * m] : make_uint4(0, 0, 0, 0);
+          for (int m = 0; m < kWords; ++m) kb[j][m] = live ? k2[tq + 4 * m] : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int m = 0; m < kWords; ++m) kw[j][m] = fp8x8_to_bf16x8(kb[j][m], ks[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int32_t p = tile + 8 * j + g;
+          const bool live = p < p_end_max;
+          const uint4* k4 = reinterpret_cast<const uint4*>(kc + (live ? row_of(p) : 0));
+#pragma unroll
+          for (int m = 0; m < kWords; ++m) kw[j][m] = live ? k4[tq + 4 * m] : make_uint4(0, 0, 0, 0);
+        }
       }
       float sc[4][4];
 #pragma unroll
@@ -1029,6 +1176,21 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
       // O += P V: P's A fragments are S's C fragments of n tiles 2kk and 2kk + 1.
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
       __syncwarp();
+      if constexpr (kFp8) {
+        // The tile's V bytes into bf16 rows: 16 values (one 16-byte word) per lane and pass.
+        constexpr int kChunks = D / 16;
+#pragma unroll
+        for (int i = lane; i < kMmaTile * kChunks; i += 32) {
+          const int r = i / kChunks, c = i % kChunks;
+          const float sv = __shfl_sync(0xffffffffu, v_scale_r, r);
+          const uint4 b = *reinterpret_cast<const uint4*>(v_raw + r * D + 16 * c);
+          const uint4 lo = fp8x8_to_bf16x8(make_uint2(b.x, b.y), sv), hi = fp8x8_to_bf16x8(make_uint2(b.z, b.w), sv);
+          uint4* dst = reinterpret_cast<uint4*>(v_tile + r * mma_v_row_bytes(D) + 32 * c);
+          dst[0] = lo;
+          dst[1] = hi;
+        }
+        __syncwarp();
+      }
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
         const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
@@ -1703,8 +1865,10 @@ void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
     throw_error("RoPE: bad head counts, or a q norm without a k norm");
   const unsigned grid = grid_dim(a.n, "RoPE");
   const int64_t D = a.head_dim;
-  if ((D == 64 || D == 128 || D == 256) && (!a.q_norm || a.norm_per_head) &&
-      (a.kv_type == DType::F32 || a.kv_type == DType::BF16)) {
+  const bool fp8 = a.kv_type == KvFormat::Fp8E4m3;
+  if (fp8 && (D % 32 != 0 || !a.k_scale || !a.v_scale))
+    throw_error("RoPE: an FP8 KV cache needs head_dim a multiple of 32 (got " + str(D) + ") and its scales");
+  if ((D == 64 || D == 128 || D == 256) && (!a.q_norm || a.norm_per_head)) {
     const dim3 head_grid(grid, unsigned((a.n_heads + a.n_kv_heads + kRopeHeadsPerBlock - 1) / kRopeHeadsPerBlock));
     const dim3 block(kRopeHeadsPerBlock * 32);
     auto go = [&](auto kv_tag, auto pl_tag) {
@@ -1717,15 +1881,29 @@ void rope_kv_write(const RopeKvArgs& a, cudaStream_t stream) {
       else if (D == 128) go(kv_tag, std::integral_constant<int, 4>{});
       else go(kv_tag, std::integral_constant<int, 8>{});
     };
-    if (a.kv_type == DType::F32) by_dim(float{});
-    else by_dim(__nv_bfloat16{});
+    if (a.kv_type == KvFormat::F32) by_dim(float{});
+    else if (a.kv_type == KvFormat::BF16) by_dim(__nv_bfloat16{});
+    else by_dim(Fp8Kv{});
     return;
   }
-  if (a.kv_type == DType::F32)
+  if (a.kv_type == KvFormat::F32)
     launch("launching the RoPE/KV-write kernel", rope_kv_kernel<float>, dim3(grid), dim3(kNormBlock), 0, stream, a);
-  else if (a.kv_type == DType::BF16)
+  else if (a.kv_type == KvFormat::BF16)
     launch("launching the RoPE/KV-write kernel", rope_kv_kernel<__nv_bfloat16>, dim3(grid), dim3(kNormBlock), 0, stream, a);
-  else throw_error(std::string("KV cache type ") + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+  else launch("launching the RoPE/KV-write kernel", rope_kv_kernel<Fp8Kv>, dim3(grid), dim3(kNormBlock), 0, stream, a);
+}
+
+namespace {
+__global__ void f32_to_e4m3_kernel(const float* x, int64_t n, uint8_t* q) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) q[i] = e4m3_of(x[i]);
+}
+}  // namespace
+
+void f32_to_e4m3(const float* x, int64_t n, uint8_t* q, cudaStream_t stream) {
+  if (n <= 0) return;
+  f32_to_e4m3_kernel<<<grid_dim((n + 255) / 256, "e4m3 conversion"), 256, 0, stream>>>(x, n, q);
+  check(cudaGetLastError(), "launching the e4m3 conversion");
 }
 
 // Partitions in the grid: the most any token of the batch may have.
@@ -1736,13 +1914,20 @@ int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t 
   return parts <= 1 ? 0 : max_tokens * n_heads * parts * (head_dim + 2);
 }
 
-int attention_mma_heads(const AttentionArgs& a) {
-  if (a.kv_type != DType::BF16 || (a.head_dim != 64 && a.head_dim != 128) || a.n_kv_heads <= 0 ||
-      a.n_heads % a.n_kv_heads != 0)
-    return 0;
-  const int64_t group = a.n_heads / a.n_kv_heads;
+int mma_heads_for(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+  if ((head_dim != 64 && head_dim != 128) || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return 0;
+  const int64_t group = n_heads / n_kv_heads;
   if (group <= 16) return int(group);
   return group % 16 == 0 ? 16 : 0;
+}
+
+int attention_mma_heads(const AttentionArgs& a) {
+  if (a.kv_type != KvFormat::BF16 && a.kv_type != KvFormat::Fp8E4m3) return 0;
+  return mma_heads_for(a.n_heads, a.n_kv_heads, a.head_dim);
+}
+
+bool kv_fp8_supported(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+  return mma_heads_for(n_heads, n_kv_heads, head_dim) > 0;
 }
 
 int attention_launches(int32_t max_positions) { return grid_partitions(max_positions) > 1 ? 2 : 1; }
@@ -1762,15 +1947,23 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
     // its tokens are of different sequences). The bits are the same either way.
     const int32_t tokens = a.n >= kAttentionShareMinTokens && 16 % heads == 0 ? 16 / heads : 1;
     const dim3 grid(grid_dim((a.n + tokens - 1) / tokens * (a.n_heads / heads), "attention"), unsigned(parts));
+    const bool fp8 = a.kv_type == KvFormat::Fp8E4m3;
+    if (fp8 && (!a.k_scale || !a.v_scale)) throw_error("attention: an FP8 KV cache needs its scales");
     auto go = [&](auto kernel, int D) {
-      const int smem = mma_attention_smem(D);
+      const int smem = mma_attention_smem(D, fp8);
       check(allow_max_dynamic_smem(kernel),
             "raising the attention kernel's shared memory limit");
       launch("launching the attention kernel", kernel, grid, dim3(kBlock), size_t(smem), stream, a, parts, int32_t(heads),
              tokens);
     };
-    if (a.head_dim == 64) go(tokens > 1 ? attention_mma_kernel<64, true> : attention_mma_kernel<64, false>, 64);
-    else go(tokens > 1 ? attention_mma_kernel<128, true> : attention_mma_kernel<128, false>, 128);
+    auto by_dim = [&](auto fp8_tag) {
+      constexpr bool kFp8 = decltype(fp8_tag)::value;
+      if (a.head_dim == 64)
+        go(tokens > 1 ? attention_mma_kernel<64, true, kFp8> : attention_mma_kernel<64, false, kFp8>, 64);
+      else go(tokens > 1 ? attention_mma_kernel<128, true, kFp8> : attention_mma_kernel<128, false, kFp8>, 128);
+    };
+    if (fp8) by_dim(std::true_type{});
+    else by_dim(std::false_type{});
     if (parts > 1) launch_attention_merge(a, parts, stream);
     return;
   }
@@ -1805,9 +1998,12 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
       default: go(kv_tag, std::integral_constant<int, 1>{}); break;
     }
   };
-  if (a.kv_type == DType::F32) by_heads(float{});
-  else if (a.kv_type == DType::BF16) by_heads(__nv_bfloat16{});
-  else throw_error("KV cache type " + std::string(dtype_name(a.kv_type)) + " is not supported (F32, BF16)");
+  if (a.kv_type == KvFormat::F32) by_heads(float{});
+  else if (a.kv_type == KvFormat::BF16) by_heads(__nv_bfloat16{});
+  else
+    throw_error("attention: an FP8 KV cache needs head_dim 64 or 128 and a GQA group of at most 16 query heads (or a "
+                "multiple of 16); this model has " + str(a.n_heads) + " query heads over " + str(a.n_kv_heads) +
+                " KV heads of " + str(a.head_dim) + ": use a BF16 cache");
   if (parts > 1) launch_attention_merge(a, parts, stream);
 }
 

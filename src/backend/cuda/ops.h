@@ -59,8 +59,10 @@ void rmsnorm(const RmsNormArgs& args, cudaStream_t stream);
 // whole q and k (weights [q_dim] / [kv_dim]), in place, the mean of squares in double. Then clamps q,
 // k, v to [-clip, clip] when clip > 0 (OLMoE), rotates q in place and k (rotate-half form, cos/sin
 // of position * inv_freq[i], times attention_factor), and stores k and v at their cache slots:
-// K/V pools are [slots][n_kv_heads][head_dim] in kv_type (F32 or BF16, rounded to nearest). k is
-// scratch afterwards (normed in place).
+// K/V pools are [slots][n_kv_heads][head_dim] in kv_type: F32, BF16 (rounded to nearest), or FP8
+// (e4m3 bytes, with one f32 scale per (slot, KV head) in k_scale / v_scale [slots][n_kv_heads]:
+// quant::quantize_kv_fp8 of the rotated k and of v, bit for bit). k is scratch afterwards (normed,
+// and for FP8 rotated, in place).
 struct RopeKvArgs {
   float* q = nullptr;
   float* k = nullptr;
@@ -77,7 +79,9 @@ struct RopeKvArgs {
   double norm_eps = 1e-6;
   void* k_cache = nullptr;
   void* v_cache = nullptr;
-  DType kv_type = DType::BF16;
+  KvFormat kv_type = KvFormat::BF16;
+  float* k_scale = nullptr;  // FP8 only
+  float* v_scale = nullptr;
   int64_t n = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
 };
 void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream);
@@ -116,7 +120,9 @@ struct AttentionArgs {
   int64_t ld_q = 0;
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
-  DType kv_type = DType::BF16;
+  KvFormat kv_type = KvFormat::BF16;
+  const float* k_scale = nullptr;  // FP8 only: [slots][n_kv_heads] (RopeKvArgs)
+  const float* v_scale = nullptr;
   const int32_t* positions = nullptr;     // [n]
   const int32_t* table_offset = nullptr;  // [n] where the token's block table starts in block_tables
   const int32_t* block_tables = nullptr;
@@ -128,11 +134,18 @@ struct AttentionArgs {
   float* workspace = nullptr;  // attention_workspace_floats(...) floats
 };
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions);
-// Query heads per block of the tensor-core kernel paged_attention runs for these arguments (BF16
-// cache, head_dim 64 or 128, a GQA group of at most 16 or a multiple of 16), 0 when the f32 tile
+// Query heads per block of the tensor-core kernel paged_attention runs for these arguments (BF16 or
+// FP8 cache, head_dim 64 or 128, a GQA group of at most 16 or a multiple of 16), 0 when the f32 tile
 // kernel runs instead. The tensor-core kernel rounds q and the softmax weights to bf16 for its
-// products (see ops.cu); the tile kernel keeps them in f32.
+// products (see ops.cu); the tile kernel keeps them in f32. An FP8 cache is read as the bf16 values
+// quant::kv_fp8_to_bf16 gives, so its result is, bit for bit, the BF16 kernel's over a cache that
+// holds those values; it runs on the tensor-core kernel only (kv_fp8_supported).
 int attention_mma_heads(const AttentionArgs& a);
+// Whether an FP8 KV cache can be attended over for this head shape (the tensor-core kernel's).
+bool kv_fp8_supported(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
+// The device's float -> e4m3 conversion (what rope_kv_write stores), n values; for tests against
+// quant::f32_to_e4m3.
+void f32_to_e4m3(const float* x, int64_t n, uint8_t* q, cudaStream_t stream);
 // Kernels paged_attention launches for a batch whose longest context is max_positions (1 or 2).
 int attention_launches(int32_t max_positions);
 void paged_attention(const AttentionArgs& args, cudaStream_t stream);
