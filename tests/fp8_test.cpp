@@ -38,8 +38,11 @@ TEST(Fp8, DecodesTheFormatsValues) {
 
 TEST(Fp8, RoundsToNearestEvenAndSaturates) {
   // Every value encodes to itself.
-  for (int c = 0; c < 256; ++c)
-    if (!is_nan_code(uint8_t(c))) EXPECT_EQ(int(f32_to_e4m3(e4m3_to_f32(uint8_t(c)))), c) << c;
+  for (int c = 0; c < 256; ++c) {
+    if (!is_nan_code(uint8_t(c))) {
+      EXPECT_EQ(int(f32_to_e4m3(e4m3_to_f32(uint8_t(c)))), c) << c;
+    }
+  }
   // Between neighbours: the midpoint goes to the even code (mantissa bit 0 clear), anything off it to
   // the nearer one.
   for (int c = 0; c < 0x7E; ++c) {

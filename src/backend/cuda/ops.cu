@@ -980,7 +980,7 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 w, float scale) {
 // is the BF16 cache's, so the bits are those of the BF16 kernel over a cache of those values.
 template <int D, bool kShare, bool kFp8>
 __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads,
-                                                               int32_t share_tokens) {
+                                                               int32_t share_tokens, int32_t prefetch_tiles) {
   const int32_t kTokens = kShare ? share_tokens : 1;  // a decode step's build keeps one token's code
   constexpr int kSteps = D / 16;    // k steps of Q K^T
   constexpr int kWords = D / 32;    // 16-byte words of a K row per lane and position
@@ -1124,6 +1124,24 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
           const uint4* k4 = reinterpret_cast<const uint4*>(kc + (live ? row_of(p) : 0));
 #pragma unroll
           for (int m = 0; m < kWords; ++m) kw[j][m] = live ? k4[tq + 4 * m] : make_uint4(0, 0, 0, 0);
+        }
+      }
+      // This warp's next tiles' K and V rows towards L2 while this one computes (a warp takes a tile,
+      // then waits for it: without this, HBM idles through each tile's products and softmax). Lane r
+      // asks for position r of each of the next `prefetch_tiles` tiles; a hint, so the bits are unchanged.
+      // The decode build only: a prompt's blocks are many and share each tile among tokens, and the
+      // prompt build has no registers to spare.
+      for (int ahead = 1; !kShare && ahead <= prefetch_tiles; ++ahead) {
+        const int32_t p = tile + ahead * kWarpsPerBlock * kMmaTile + lane;
+        if (p < p_end_max) {
+          constexpr int kLineElems = 128 / sizeof(Elem);
+          const Elem* kr = kc + row_of(p);
+          const Elem* vr = vc + row_of(p);
+#pragma unroll
+          for (int e = 0; e < D; e += kLineElems) {
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kr + e));
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vr + e));
+          }
         }
       }
       float sc[4][4];
@@ -1930,6 +1948,16 @@ bool kv_fp8_supported(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
   return mma_heads_for(n_heads, n_kv_heads, head_dim) > 0;
 }
 
+// Tiles ahead whose K and V the tensor-core kernel's warps ask L2 for (SPILL_CUDA_ATTN_PREFETCH=N, for
+// comparisons; the bits are the same for every N).
+int32_t attention_prefetch_tiles() {
+  static const int32_t tiles = [] {
+    const char* v = std::getenv("SPILL_CUDA_ATTN_PREFETCH");
+    return v ? std::clamp(std::atoi(v), 0, 4) : 1;
+  }();
+  return tiles;
+}
+
 int attention_launches(int32_t max_positions) { return grid_partitions(max_positions) > 1 ? 2 : 1; }
 
 void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
@@ -1954,7 +1982,7 @@ void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
       check(allow_max_dynamic_smem(kernel),
             "raising the attention kernel's shared memory limit");
       launch("launching the attention kernel", kernel, grid, dim3(kBlock), size_t(smem), stream, a, parts, int32_t(heads),
-             tokens);
+             tokens, attention_prefetch_tiles());
     };
     auto by_dim = [&](auto fp8_tag) {
       constexpr bool kFp8 = decltype(fp8_tag)::value;

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Device round for the KV cache formats (BF16, FP8): the CUDA tests, compute-sanitizer on the KV write and
+# attention tests, decode at long contexts per format (S30, batch 1 and 8), and the FP8 cache's KL
+# divergence against the BF16 one on spill-tiny over held-out text. Runs the spill build made here for sm_90
+# and carried with its libraries (tools/gpu/pack_spill.sh, plus spill_tests and cuda_decode_bench in
+# .carry/bin). Logs under $OUT, a short table last.
+#   usage (repo root, device): tools/gpu/kv_format_round.sh [tests|bench|all]   carry: [".carry/bin", ".carry/lib"]
+# (or .carry/pack.tar.xz, the two folders packed, unpacked first when present)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+MODE="${1:-all}"
+CONTEXTS="4096 32768"
+[ -f .carry/pack.tar.xz ] && tar -C .carry -xJf .carry/pack.tar.xz
+B=.carry/bin
+export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
+export SPILL_TINY_DIR="$PWD/models/spill-tiny"
+T0=$(date +%s)
+stamp() { echo "   ($(( $(date +%s) - T0 )) s)"; }
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/env.txt"
+ldd $B/spill_tests | grep "not found"
+
+if [ "$MODE" != bench ]; then
+timeout 300 $B/spill_tests --gtest_filter='Cuda*:Fp8*' > "$OUT/tests.txt" 2>&1
+echo "== tests rc=$?"; stamp
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |measure \]" "$OUT/tests.txt" | head -40
+grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -40
+
+timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
+  --gtest_filter='CudaOps.E4m3*:CudaOps.Fp8*:CudaOps.*Attention*:CudaRunnerModels.Fp8*' > "$OUT/memcheck.txt" 2>&1
+echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
+timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests \
+  --gtest_filter='CudaOps.Fp8KvWrite*:CudaOps.Fp8Attention*' > "$OUT/racecheck.txt" 2>&1
+echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
+fi
+[ "$MODE" = tests ] && exit 0
+
+for ctx in $CONTEXTS; do
+  for f in bf16 fp8; do
+    batches=1; [ "$ctx" -le 4096 ] && batches=1,8
+    timeout 150 $B/cuda_decode_bench --shape tests/data/shapes/s30.json --batches $batches --context "$ctx" --steps 12 \
+      --prefill-chunk 4096 --kv-format $f > "$OUT/bench-$ctx-$f.txt" 2>&1
+    echo "== S30 context $ctx, $f KV: rc=$?"; grep -E "^ +[0-9]+ |prefill|KV" "$OUT/bench-$ctx-$f.txt" | head -8; stamp
+  done
+done
+
+# The attention kernel's L2 prefetch of a warp's next tiles (SPILL_CUDA_ATTN_PREFETCH), on an 8-layer copy of S30.
+for ctx in 32768 65536; do
+  for f in bf16 fp8; do
+    for pf in 0 1 2; do
+      SPILL_CUDA_ATTN_PREFETCH=$pf timeout 60 $B/cuda_decode_bench --shape tests/data/shapes/s30.json --layers 8 --batches 1 \
+        --context $ctx --steps 20 --prefill-chunk 4096 --kv-format $f > "$OUT/prefetch-$ctx-$f-$pf.txt" 2>&1
+      echo "== 8 layers, context $ctx, $f KV, prefetch $pf: rc=$? $(grep -E '^ +1 ' "$OUT/prefetch-$ctx-$f-$pf.txt" | head -1)"
+    done
+  done
+done
+stamp
+
+for f in bf16 fp8; do
+  timeout 120 $B/spill eval --model models/spill-tiny --reference models/spill-tiny --text tests/data/eval/heldout-python.txt \
+    --ctx 512 --device cuda --kv-format $f --json "$OUT/eval-$f.json" > "$OUT/eval-$f.txt" 2>&1
+  echo "== spill-tiny eval, $f KV against bf16: rc=$?"; tail -4 "$OUT/eval-$f.txt"; stamp
+done
