@@ -306,18 +306,20 @@ __device__ __forceinline__ uint8_t e4m3_of(float x) {
   return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
-// quant::quantize_kv_fp8 of one (token, KV head) vector that a warp holds, PL values per lane (lane l
-// values PL l .. PL l + PL - 1): the same operations (max |x| and whether all are finite over the
-// warp, amax / 448 and 448 / amax, one product per value, cvt.rn.satfinite), so the same bytes.
+// quant::quantize_kv_fp8 of one (token, KV head) vector that a warp holds, `count` values per lane
+// (lane l: values count l .. count l + count - 1): the same operations (max |x| and whether all are
+// finite over the warp, amax / 448 and 448 / amax, one product per value, cvt.rn.satfinite), so the
+// same bytes. x holds at least `count` values (PL a bound known at compile time).
 template <int PL>
-__device__ __forceinline__ void store_kv_fp8(const float (&x)[PL], uint8_t* dst, float* scale_dst, int lane) {
+__device__ __forceinline__ void store_kv_fp8(const float (&x)[PL], int count, uint8_t* dst, float* scale_dst, int lane) {
   float amax = 0.0f;
   bool finite = true;
 #pragma unroll
-  for (int i = 0; i < PL; ++i) {
-    finite = finite && isfinite(x[i]);
-    amax = fmaxf(amax, fabsf(x[i]));
-  }
+  for (int i = 0; i < PL; ++i)
+    if (i < count) {
+      finite = finite && isfinite(x[i]);
+      amax = fmaxf(amax, fabsf(x[i]));
+    }
   amax = warp_max_f(amax);
   finite = __all_sync(0xffffffffu, finite);
   const bool zero = !finite || amax == 0.0f;
@@ -325,16 +327,16 @@ __device__ __forceinline__ void store_kv_fp8(const float (&x)[PL], uint8_t* dst,
   uint8_t q[PL];
 #pragma unroll
   for (int i = 0; i < PL; ++i) q[i] = zero ? uint8_t(0) : e4m3_of(__fmul_rn(x[i], inv));
-  if constexpr (PL == 2) {
-    *reinterpret_cast<uint16_t*>(dst) = uint16_t(q[0] | (q[1] << 8));
-  } else {
-    uint32_t w[PL / 4];
+  if (count == PL && PL % 4 == 0) {
+    // Whole words (the per-head kernel: 4 or 8 values a lane, 4- and 8-byte aligned).
 #pragma unroll
     for (int j = 0; j < PL / 4; ++j)
-      w[j] = uint32_t(q[4 * j]) | (uint32_t(q[4 * j + 1]) << 8) | (uint32_t(q[4 * j + 2]) << 16) |
-             (uint32_t(q[4 * j + 3]) << 24);
-    if constexpr (PL == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
-    else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+      reinterpret_cast<uint32_t*>(dst)[j] = uint32_t(q[4 * j]) | (uint32_t(q[4 * j + 1]) << 8) |
+                                            (uint32_t(q[4 * j + 2]) << 16) | (uint32_t(q[4 * j + 3]) << 24);
+  } else {
+#pragma unroll
+    for (int i = 0; i < PL; ++i)
+      if (i < count) dst[i] = q[i];
   }
   if (lane == 0) *scale_dst = !finite ? __int_as_float(0x7fc00000) : amax == 0.0f ? 0.0f : __fdiv_rn(amax, 448.0f);
 }
@@ -432,24 +434,9 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
       const int pl = int(D / 32);
 #pragma unroll
       for (int i = 0; i < kMaxPL; ++i) x[i] = i < pl ? (is_v ? clip_value(src[pl * lane + i], a.clip) : src[pl * lane + i]) : 0.0f;
-      float amax = 0.0f;
-      bool finite = true;
-#pragma unroll
-      for (int i = 0; i < kMaxPL; ++i) {
-        finite = finite && isfinite(x[i]);
-        amax = fmaxf(amax, fabsf(x[i]));
-      }
-      amax = warp_max_f(amax);
-      finite = __all_sync(0xffffffffu, finite);
-      const bool zero = !finite || amax == 0.0f;
-      const float inv = zero ? 0.0f : __fdiv_rn(448.0f, amax);
-      uint8_t* dst = static_cast<uint8_t*>(is_v ? a.v_cache : a.k_cache) + (slot * a.n_kv_heads + kh) * D + pl * lane;
-#pragma unroll
-      for (int i = 0; i < kMaxPL; ++i)
-        if (i < pl) dst[i] = zero ? uint8_t(0) : e4m3_of(__fmul_rn(x[i], inv));
-      if (lane == 0)
-        (is_v ? a.v_scale : a.k_scale)[slot * a.n_kv_heads + kh] =
-            !finite ? __int_as_float(0x7fc00000) : amax == 0.0f ? 0.0f : __fdiv_rn(amax, 448.0f);
+      const int64_t at = slot * a.n_kv_heads + kh;
+      store_kv_fp8<kMaxPL>(x, pl, static_cast<uint8_t*>(is_v ? a.v_cache : a.k_cache) + at * D + pl * lane,
+                           (is_v ? a.v_scale : a.k_scale) + at, lane);
     }
   } else {
     for (int64_t j = threadIdx.x; j < a.n_kv_heads * D; j += blockDim.x)
@@ -514,8 +501,8 @@ __global__ void __launch_bounds__(kRopeHeadsPerBlock * 32) rope_kv_head_kernel(R
     float vx[PL];
 #pragma unroll
     for (int i = 0; i < PL; ++i) vx[i] = clip_value(vv[i], a.clip);
-    store_kv_fp8<PL>(out, static_cast<uint8_t*>(a.k_cache) + at * D + d0, a.k_scale + at, lane);
-    store_kv_fp8<PL>(vx, static_cast<uint8_t*>(a.v_cache) + at * D + d0, a.v_scale + at, lane);
+    store_kv_fp8<PL>(out, PL, static_cast<uint8_t*>(a.k_cache) + at * D + d0, a.k_scale + at, lane);
+    store_kv_fp8<PL>(vx, PL, static_cast<uint8_t*>(a.v_cache) + at * D + d0, a.v_scale + at, lane);
   } else {
     KV* kc = static_cast<KV*>(a.k_cache) + slot * nkv * D + int64_t(kh) * D;
     KV* vc = static_cast<KV*>(a.v_cache) + slot * nkv * D + int64_t(kh) * D;
