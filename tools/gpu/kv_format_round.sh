@@ -18,8 +18,8 @@ export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
 export SPILL_TINY_DIR="$PWD/models/spill-tiny"
 T0=$(date +%s)
 stamp() { echo "   ($(( $(date +%s) - T0 )) s)"; }
-# Seconds left of a 590-second call, at most $1: a stage is cut, not the call.
-budget() { local left=$(( 590 - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
+# Seconds left of a ROUND_SECONDS-second call (590 by default), at most $1: a stage is cut, not the call.
+budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/env.txt"
 ldd $B/spill_tests | grep "not found"
 
