@@ -28,6 +28,9 @@ timeout $(budget 240) $B/spill_tests --gtest_filter='Cuda*:Fp8*' > "$OUT/tests.t
 echo "== tests rc=$?"; stamp
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |measure \]" "$OUT/tests.txt" | head -40
 grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -40
+timeout $(budget 90) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
+  --gtest_filter='CudaOps.E4m3*:CudaOps.Fp8*:CudaRunnerModels.Fp8*' > "$OUT/memcheck.txt" 2>&1
+echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
 
 fi
 
@@ -63,9 +66,6 @@ done
 fi
 
 if [ "$MODE" != bench ]; then
-timeout $(budget 120) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='CudaOps.E4m3*:CudaOps.Fp8*:CudaRunnerModels.Fp8*' > "$OUT/memcheck.txt" 2>&1
-echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
 timeout $(budget 90) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests \
   --gtest_filter='CudaOps.Fp8KvWrite*:CudaOps.Fp8Attention*' > "$OUT/racecheck.txt" 2>&1
 echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
