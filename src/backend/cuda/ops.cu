@@ -1919,7 +1919,7 @@ int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t 
   return parts <= 1 ? 0 : max_tokens * n_heads * parts * (head_dim + 2);
 }
 
-int mma_heads_for(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+static int mma_heads_for(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
   if ((head_dim != 64 && head_dim != 128) || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return 0;
   const int64_t group = n_heads / n_kv_heads;
   if (group <= 16) return int(group);
@@ -1935,12 +1935,13 @@ bool kv_fp8_supported(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
   return mma_heads_for(n_heads, n_kv_heads, head_dim) > 0;
 }
 
-// Tiles ahead whose K and V the tensor-core kernel's warps ask L2 for (SPILL_CUDA_ATTN_PREFETCH=N, for
-// comparisons; the bits are the same for every N).
-int32_t attention_prefetch_tiles() {
+// Tiles ahead whose K and V the tensor-core kernel's decode warps ask L2 for: SPILL_CUDA_ATTN_PREFETCH=N
+// (0 to 4; the bits are the same for every N). Off unless set, until a benchmark shows it pays
+// (docs/perf/kv-fp8-2026-12-07.md).
+static int32_t attention_prefetch_tiles() {
   static const int32_t tiles = [] {
     const char* v = std::getenv("SPILL_CUDA_ATTN_PREFETCH");
-    return v ? std::clamp(std::atoi(v), 0, 4) : 1;
+    return v ? std::clamp(std::atoi(v), 0, 4) : 0;
   }();
   return tiles;
 }
