@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Device round for the KV cache formats (BF16, FP8): the CUDA tests, compute-sanitizer on the KV write and
-# attention tests, decode at long contexts per format (S30, batch 1 and 8), and the FP8 cache's KL
-# divergence against the BF16 one on spill-tiny over held-out text. Runs the spill build made here for sm_90
-# and carried with its libraries (tools/gpu/pack_spill.sh, plus spill_tests and cuda_decode_bench in
-# .carry/bin). Logs under $OUT, a short table last.
-#   usage (repo root, device): tools/gpu/kv_format_round.sh [tests|bench|all]   carry: [".carry/bin", ".carry/lib"]
-# (or .carry/pack.tar.xz, the two folders packed, unpacked first when present)
+# Device round for the KV cache formats (BF16, FP8): the CUDA tests this change touches, compute-sanitizer
+# on the FP8 write and attention tests, decode per format with and without the attention kernel's L2
+# prefetch (an 8-layer copy of S30, contexts 4K and 32K), and the FP8 cache's KL divergence against the
+# BF16 one on spill-tiny over held-out text. Runs the spill build made here for sm_90, packed with its
+# libraries by `tools/gpu/pack_spill.sh --tests` (unpacked here first). Logs under $OUT. ROUND_SECONDS
+# (default 590) bounds the call: a stage that would run past it is cut short.
+#   usage (repo root, device): tools/gpu/kv_format_round.sh [tests|bench|all]   carry: [".carry/pack.tar.xz"]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-gpu-out}"
