@@ -448,6 +448,18 @@ TEST(OffloadModel, StartupPlanFitsTheBudgetOrRefusesWithTheFitReport) {
   EXPECT_FALSE((offload::StartupPlacement{.expert_cache_mem = "100M"}.requested())) << "a cache alone plans nothing";
   EXPECT_NE(error_of({.gpu_mem = "1G", .expert_cache_mem = "1G"}).find("all of --gpu-mem"), std::string::npos);
   EXPECT_NE(error_of({.gpu_mem = "1G", .expert_cache_mem = "much"}).find("--expert-cache-mem"), std::string::npos);
+
+  // --kv-format fp8: the plan prices the KV the runner will keep (e4m3 and a scale per KV head), so
+  // the fit report says fp8 and the same sequences take fewer bytes.
+  const offload::StartupPlan fp8 = offload::plan_at_startup(*model, {.gpu_mem = "1G"}, 16, 256, 64, 0, KvFormat::Fp8E4m3);
+  const std::string bf16_kv = "per token (bf16)", fp8_kv = "per token (fp8)";
+  EXPECT_NE(all.fit_report.find(bf16_kv), std::string::npos) << all.fit_report;
+  EXPECT_NE(fp8.fit_report.find(fp8_kv), std::string::npos) << fp8.fit_report;
+  const ModelSpec& spec = model->spec();
+  EXPECT_NE(fp8.fit_report.find(placement::format_bytes(kv_bytes_per_token(spec, KvFormat::Fp8E4m3)) + " " + fp8_kv),
+            std::string::npos)
+      << fp8.fit_report;
+  EXPECT_LT(kv_bytes_per_token(spec, KvFormat::Fp8E4m3), kv_bytes_per_token(spec, KvFormat::BF16));
 }
 
 // A budget per GPU plans an expert-parallel group at start-up, in the layout the runner runs: every
