@@ -29,10 +29,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-model-len", o.max_model_len,
                   "longest prompt + output in tokens (default: the model's context, capped by the KV cache)");
   add_size_option(cmd, "--kv-mem", o.kv_mem_bytes, "KV cache size (default: 4 full contexts, at most 2 GiB)");
-  cmd->add_option("--kv-format", o.kv_format,
-                  "KV cache format: bf16 (the GPU's default), fp8 (e4m3 with a scale per token and KV head: half the "
-                  "bytes, twice the tokens), f32 (the CPU runner's only format)")
-      ->type_name("FORMAT");
+  add_kv_format_option(cmd, o.kv_format);
   cmd->add_option("--threads", o.threads, "CPU threads for the model (default: all)");
   cmd->add_option("--device", o.device,
                   "where the model runs: cpu, cuda (cuda:N for the N-th GPU; cuda:N,M,... for the GPUs of an "
@@ -69,7 +66,6 @@ void add_serve_command(CLI::App& app) {
     if (options.max_seqs < 0) fail("--max-seqs must be positive, got {}", options.max_seqs);
     if (options.max_model_len < 0) fail("--max-model-len must be positive, got {}", options.max_model_len);
     (void)resolve_device(parse_device(options.device));  // an impossible --device fails before anything starts
-    if (!options.kv_format.empty()) (void)parse_kv_format(options.kv_format);  // likewise a misspelt --kv-format
     const int code = server::serve(options);
     // CLI11 turns a RuntimeError into this exit code without printing anything more: serve()
     // has already said what went wrong.

@@ -284,7 +284,7 @@ void HttpServer::load_model() {
     engine_options.runner.device = parse_device(options_.device);
     engine_options.runner.threads = options_.threads;
     engine_options.runner.kv = KvCapacity{.block_size = 16, .blocks = 0, .bytes = options_.kv_mem_bytes};
-    if (!options_.kv_format.empty()) engine_options.runner.kv_format = parse_kv_format(options_.kv_format);
+    engine_options.runner.kv_format = options_.kv_format;
     engine_options.runner.expert_plan = options_.expert_plan;
     engine_options.runner.placement = options_.placement;
     engine_options.quant = options_.quant;

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "offload/model_experts.h"
@@ -29,7 +30,7 @@ struct ServerOptions {
   int64_t kv_mem_bytes = 0;         // KV pool size; 0: engine default
   int threads = 0;                  // CPU backend threads; 0: all
   std::string device = "auto";      // --device: cpu, cuda, cuda:N or auto (engine/open_engine.h)
-  std::string kv_format;            // --kv-format: f32, bf16 or fp8; "": the backend's own (RunnerOptions::kv_format)
+  std::optional<KvFormat> kv_format;  // --kv-format; unset: the backend's own (RunnerOptions::kv_format)
   std::string expert_plan;          // --plan: which routed experts live in host RAM (spill plan --out); "": none
   offload::StartupPlacement placement;  // --gpu-mem, --host-experts, --host-mem: plan at start-up instead
   size_t max_body_bytes = size_t(32) << 20;
