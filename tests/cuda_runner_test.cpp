@@ -479,6 +479,15 @@ TEST_F(CudaRunnerTest, BadInputIsAClearError) {
   EXPECT_EQ(l.size(), 300u);
   CudaRunnerConfig bad;
   bad.kv = {.block_size = 4, .n_blocks = 8};
+  // An FP8 cache for a head shape the tensor-core attention does not take (head_dim 16): refused
+  // by name before anything is uploaded.
+  bad.kv_format = KvFormat::Fp8E4m3;
+  try {
+    make_cuda_runner(*model, bad);
+    ADD_FAILURE() << "an FP8 cache with head_dim 16 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use --kv-format bf16"), std::string::npos) << e.what();
+  }
   bad.kv_format = KvFormat::BF16;
   bad.device = 99;
   EXPECT_THROW(make_cuda_runner(*model, bad), Error);
