@@ -673,7 +673,9 @@ TEST(CudaOps, E4m3ConversionMatchesTheTwin) {
     }
     ASSERT_EQ(int(got[i]), int(want)) << "x = " << x[i] << " (bits " << std::hex << std::bit_cast<uint32_t>(x[i]) << ")";
     // And the twin's decoding is the inverse on the grid.
-    if (!is_nan_code(want)) ASSERT_EQ(int(quant::f32_to_e4m3(quant::e4m3_to_f32(want))), int(want));
+    if (!is_nan_code(want)) {
+      ASSERT_EQ(int(quant::f32_to_e4m3(quant::e4m3_to_f32(want))), int(want));
+    }
   }
 }
 

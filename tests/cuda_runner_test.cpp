@@ -397,7 +397,6 @@ void expect_batch_invariant(const Model& model, KvFormat kv) {
 // Decode steps replay captured graphs (per batch size and attention partitions); the same steps
 // launched kernel by kernel must give the same bits. Contexts cross the 128-position split.
 void expect_graphs_match_eager(const Model& model, KvFormat kv) {
-  const int64_t V = model.spec().vocab_size;
   int64_t n_blocks = 0;
   Steps s = make_steps(3, 400, 4, &n_blocks, 9);
   auto graphs = cuda_runner(model, n_blocks, 4, kv, true);
