@@ -9,7 +9,7 @@
 // the median replay over steps per replay. Bytes per step = the distinct routed experts' spans.
 //
 // Usage: cuda_moe_bench [--reps N] [--ceiling GBps] [--seed-shape] [--no-host] [--host-only] [--no-gemv]
-//                       [--shape s30|s235|seed] [--max-batch N]
+//                       [--shape s30|s235|seed|none] [--max-batch N]   (--shape none: the GEMV table only)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -335,7 +335,8 @@ int main(int argc, char** argv) {
   }
   std::printf("\nDense GEMV, Q8_0, y = x W^T (1 kernel each)\n");
   std::printf("%-22s %5s %9s %8s %9s %8s %7s\n", "in -> out", "batch", "MB", "floor us", "us", "GB/s", "%HBM");
-  const int64_t gemv_shapes[][2] = {{2048, 4096}, {4096, 512}, {4096, 2048}, {2048, 512}};
+  // S30's stacked q/k/v (2048 -> 5120) and o (4096 -> 2048), S235's q (4096 -> 8192), small ones.
+  const int64_t gemv_shapes[][2] = {{2048, 5120}, {4096, 2048}, {4096, 8192}, {2048, 4096}, {4096, 512}, {2048, 512}};
   for (const auto& gs : gemv_shapes)
     for (int64_t n : {1, 4, 8}) {
       const GemvResult r = bench_gemv(DType::Q8_0, gs[0], gs[1], n, s);

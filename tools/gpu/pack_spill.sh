@@ -2,7 +2,7 @@
 # Copies a local CUDA build of spill (configured with -DCMAKE_CUDA_ARCHITECTURES=90) and the shared
 # libraries it links that the GPU machine's image lacks into .carry/ (ignored by git) for a device
 # call with carry [".carry/bin", ".carry/lib"]. glibc, libstdc++ and the CUDA runtime are the machine's own.
-# With --tests, spill_tests and cuda_decode_bench go too, and everything is packed into
+# With --tests, spill_tests, cuda_decode_bench and cuda_moe_bench go too, and everything is packed into
 # .carry/pack.tar.xz (about 18 MB instead of 60: the working tree and the carry travel within 64 MiB);
 # carry [".carry/pack.tar.xz"] then, and the device scripts unpack it (tools/gpu/kv_format_round.sh).
 #   usage: tools/gpu/pack_spill.sh [--tests] [build-dir]
@@ -13,7 +13,7 @@ if [ "${1:-}" = --tests ]; then TESTS=1; shift; fi
 BUILD="${1:-build}"
 rm -rf .carry/bin .carry/lib .carry/pack.tar.xz && mkdir -p .carry/bin .carry/lib
 BINS=(spill)
-if [ $TESTS -eq 1 ]; then BINS+=(spill_tests cuda_decode_bench); fi
+if [ $TESTS -eq 1 ]; then BINS+=(spill_tests cuda_decode_bench cuda_moe_bench); fi
 for b in "${BINS[@]}"; do
   strip -o ".carry/bin/$b" "$BUILD/$b"
   ldd "$BUILD/$b" | awk '/=> \//{print $1, $3}' | while read -r name path; do

@@ -1,6 +1,7 @@
 #include "backend/cuda/gemv.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,23 @@ constexpr int kWarps = 4;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kTargetBlocks = 1024;        // ~8 blocks (32 warps) per SM on an H100/H200: decode is latency-bound
 constexpr int kMaxSegmentBytes = 2304;     // staged bytes per row per chunk (a Q4_K row of 4096)
+
+// The split policy's two constants, overridable for measurement (SPILL_GEMV_TARGET_BLOCKS,
+// SPILL_GEMV_MAX_SEGMENT): fewer, longer chunks trade the split-K epilogue's round trips (a fence,
+// an atomic, the partial sums read back) for fewer blocks in flight. Read once per process.
+int64_t env_or(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  return std::clamp<int64_t>(std::atoll(v), lo, hi);
+}
+int64_t target_blocks() {
+  static const int64_t v = env_or("SPILL_GEMV_TARGET_BLOCKS", kTargetBlocks, 1, 1 << 20);
+  return v;
+}
+int64_t max_segment_bytes() {
+  static const int64_t v = env_or("SPILL_GEMV_MAX_SEGMENT", kMaxSegmentBytes, 256, 16384);
+  return v;
+}
 constexpr int kActSmemBudget = 24 * 1024;  // shared bytes for one token group's rounded activations
 
 struct GemvParams {
@@ -221,7 +239,7 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   // on the GPU at once: at batch 1 a block's time is its chain of dependent steps, so a grid of
   // 1.2 waves (the tail's blocks start when the first wave's end) costs nearly two.
   const int64_t min_blocks = std::min<int64_t>(k_blocks, std::max<int64_t>(1, 512 / block_elems));
-  const int64_t max_blocks = std::max<int64_t>(min_blocks, kMaxSegmentBytes / dtype_traits(type).block_bytes);
+  const int64_t max_blocks = std::max<int64_t>(min_blocks, max_segment_bytes() / dtype_traits(type).block_bytes);
   // A chunk holds whole activation blocks of 256 (their int8 scale is per block, from the row's
   // start): for Q8_0, a multiple of 8 weight blocks, unless it is the whole row.
   const int64_t per_act_block = std::max<int64_t>(1, kActBlock / block_elems);
@@ -231,7 +249,7 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
     if (c > max_blocks) c = std::max<int64_t>(per_act_block, max_blocks / per_act_block * per_act_block);
     return std::min(c, k_blocks);
   };
-  int64_t chunk_blocks = chunk_for_splits(std::max<int64_t>(1, (kTargetBlocks + plan.row_tiles - 1) / plan.row_tiles));
+  int64_t chunk_blocks = chunk_for_splits(std::max<int64_t>(1, (target_blocks() + plan.row_tiles - 1) / plan.row_tiles));
   auto splits_of = [&](int64_t c) { return (k_blocks + c - 1) / c; };
   while (splits_of(chunk_blocks) > 1 &&
          plan.row_tiles * splits_of(chunk_blocks) > resident_blocks(type, chunk_blocks * block_elems)) {
