@@ -26,6 +26,11 @@ for v in $VARIANTS; do
   timeout $(budget 45) $B/cuda_decode_bench --shape tests/data/shapes/s30.json --layers 8 --batches 1,4,8 \
     --context 512 --steps 30 > "$OUT/decode-$name.txt" 2>&1
   echo "== 8-layer S30 decode, context 512, $name: rc=$?"; grep -E "^ +[0-9]+ " "$OUT/decode-$name.txt" | head -3
+  if [ "$name" = default ] || [ "$name" = fewest-whole-rows ]; then
+    timeout $(budget 30) $B/cuda_decode_bench --shape tests/data/shapes/s30.json --layers 8 --batches 1 \
+      --context 512 --steps 5 --profile > "$OUT/profile-$name.txt" 2>&1
+    echo "== op profile (eager, events), $name: rc=$?"; grep -E "device time by op, last step" "$OUT/profile-$name.txt" | cut -c1-600
+  fi
   echo "   ($(( $(date +%s) - T0 )) s)"
 done
 export SPILL_GEMV_TARGET_BLOCKS=1 SPILL_GEMV_MAX_SEGMENT=4352
