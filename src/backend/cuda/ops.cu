@@ -590,7 +590,7 @@ __global__ void __launch_bounds__(kBlock) attention_kernel(AttentionArgs a, int3
   const int64_t t = blockIdx.x / head_groups, h0 = (blockIdx.x % head_groups) * G;
   const int part = blockIdx.y;
   const int32_t n_pos = a.positions[t] + 1;
-  const AttentionSplit split = attention_split(n_pos);
+  const AttentionSplit split = attention_split(n_pos, a.min_partition);
   const int32_t n_parts = split.parts;
   if (part >= n_parts) return;
   const int64_t D = a.head_dim, kvh = h0 / (a.n_heads / a.n_kv_heads);
@@ -790,7 +790,7 @@ __global__ void __launch_bounds__(kBlock) attention_tile_kernel(AttentionArgs a,
   const int part = blockIdx.y;
   const int32_t n_pos = a.positions[t] + 1;
   const int32_t* table = a.block_tables + a.table_offset[t];
-  const AttentionSplit split = attention_split(n_pos);
+  const AttentionSplit split = attention_split(n_pos, a.min_partition);
   const int32_t n_parts = split.parts;
   if (part >= n_parts) return;
   const int32_t kvh = h0 / int32_t(a.n_heads / a.n_kv_heads);
@@ -994,7 +994,7 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
   uint8_t* v_raw = smem + mma_attention_smem(D) + warp * kMmaTile * D;
   const float* ks_col = kFp8 ? a.k_scale + kvh : nullptr;
   const float* vs_col = kFp8 ? a.v_scale + kvh : nullptr;
-  const int32_t length = attention_split(a.positions[t_first] + 1).length;
+  const int32_t length = attention_split(a.positions[t_first] + 1, a.min_partition).length;
 
   // The block's kTokens tokens share the m16 tiles (row r: token r / kHeads, head r % kHeads) when
   // they read the same positions: one sequence and one partition length. Otherwise each token takes
@@ -1002,12 +1002,12 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
   bool shared = t_first + kTokens <= a.n;
   for (int32_t i = 1; i < kTokens && shared; ++i)
     shared = a.table_offset[t_first + i] == a.table_offset[t_first] &&
-             attention_split(a.positions[t_first + i] + 1).length == length;
+             attention_split(a.positions[t_first + i] + 1, a.min_partition).length == length;
   const int32_t passes = shared ? 1 : kTokens;
   for (int32_t pass = 0; pass < passes; ++pass) {
     const int32_t pt0 = t_first + pass, ptn = shared ? kTokens : 1;  // the pass's tokens pt0 ..
     if (pt0 >= a.n) break;
-    const int32_t len = shared ? length : attention_split(a.positions[pt0] + 1).length;
+    const int32_t len = shared ? length : attention_split(a.positions[pt0] + 1, a.min_partition).length;
     const int32_t pb = part * len;
     // Each row's end (pb where the partition is past its token's context) and the pass's end.
     int32_t p_end_max = pb;
@@ -1254,7 +1254,7 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
         }
       }
       merge_m[r] = M, merge_l[r] = L, merge_live[r] = live;
-      merge_parts[r] = attention_split(a.positions[pt0 + r / kHeads] + 1).parts;
+      merge_parts[r] = attention_split(a.positions[pt0 + r / kHeads] + 1, a.min_partition).parts;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < rows * D; i += kBlock) {
@@ -1300,7 +1300,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attention_merge_kernel(Atten
   const int64_t th = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
   if (th >= int64_t(a.n) * a.n_heads) return;
   const int64_t t = th / a.n_heads, h = th % a.n_heads;
-  const int32_t n_parts = attention_split(a.positions[t] + 1).parts;
+  const int32_t n_parts = attention_split(a.positions[t] + 1, a.min_partition).parts;
   if (n_parts <= 1) return;
   const int D = int(a.head_dim);
   const int stride = D + 2;
@@ -1912,7 +1912,16 @@ void f32_to_e4m3(const float* x, int64_t n, uint8_t* q, cudaStream_t stream) {
 }
 
 // Partitions in the grid: the most any token of the batch may have.
-int32_t grid_partitions(int32_t max_positions) { return attention_grid_partitions(max_positions); }
+int32_t attention_min_partition() {
+  static const int32_t v = [] {
+    const char* e = std::getenv("SPILL_CUDA_ATTN_MIN_PART");
+    if (!e || !*e) return int32_t(kMinAttentionPartition);
+    return std::clamp(std::atoi(e) / 32 * 32, 32, 4096);
+  }();
+  return v;
+}
+
+int32_t grid_partitions(int32_t max_positions) { return attention_grid_partitions(max_positions, attention_min_partition()); }
 
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions) {
   const int64_t parts = grid_partitions(max_positions);
@@ -1948,8 +1957,10 @@ static int32_t attention_prefetch_tiles() {
 
 int attention_launches(int32_t max_positions) { return grid_partitions(max_positions) > 1 ? 2 : 1; }
 
-void paged_attention(const AttentionArgs& a, cudaStream_t stream) {
-  if (a.n <= 0) return;
+void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
+  if (args.n <= 0) return;
+  AttentionArgs a = args;
+  a.min_partition = attention_min_partition();
   if (a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
     throw_error("attention: bad head shape (" + str(a.n_heads) + " q heads, " + str(a.n_kv_heads) +
                 " kv heads of " + str(a.head_dim) + "; head_dim at most " + str(kMaxHeadDim) + ")");

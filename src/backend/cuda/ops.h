@@ -99,8 +99,8 @@ constexpr int kMaxAttentionPartitions = 64;
 struct AttentionSplit {
   int32_t parts, length;  // partitions, positions per partition (the last may be shorter)
 };
-__host__ __device__ inline AttentionSplit attention_split(int32_t n_pos) {
-  int32_t parts = (n_pos + kMinAttentionPartition - 1) / kMinAttentionPartition;
+__host__ __device__ inline AttentionSplit attention_split(int32_t n_pos, int32_t min_part = kMinAttentionPartition) {
+  int32_t parts = (n_pos + min_part - 1) / min_part;
   parts = parts < kMaxAttentionPartitions ? parts : kMaxAttentionPartitions;
   if (parts < 1) parts = 1;
   int32_t length = (n_pos + parts - 1) / parts;
@@ -110,9 +110,10 @@ __host__ __device__ inline AttentionSplit attention_split(int32_t n_pos) {
 // The most partitions any context of at most max_positions positions splits into: a grid sized for
 // the batch's longest context must hold them all, and attention_split(n).parts is not monotonic in n
 // (8192 positions split into 64 partitions of 128, 8193 into 52 of 160).
-__host__ __device__ inline int32_t attention_grid_partitions(int32_t max_positions) {
-  if (max_positions <= kMinAttentionPartition) return 1;
-  const int32_t parts = (max_positions + kMinAttentionPartition - 1) / kMinAttentionPartition;
+__host__ __device__ inline int32_t attention_grid_partitions(int32_t max_positions,
+                                                             int32_t min_part = kMinAttentionPartition) {
+  if (max_positions <= min_part) return 1;
+  const int32_t parts = (max_positions + min_part - 1) / min_part;
   return parts < kMaxAttentionPartitions ? parts : kMaxAttentionPartitions;
 }
 struct AttentionArgs {
@@ -132,7 +133,13 @@ struct AttentionArgs {
   int32_t max_positions = 0;  // bound on positions[t] + 1 over the batch (sizes the grid)
   int32_t min_grid_parts = 0; // at least this many partitions in the grid (a graph's fixed grid)
   float* workspace = nullptr;  // attention_workspace_floats(...) floats
+  // Set by paged_attention (attention_min_partition()), not by callers: every kernel of a call splits alike.
+  int32_t min_partition = kMinAttentionPartition;
 };
+// The shortest partition the split makes: kMinAttentionPartition, or SPILL_CUDA_ATTN_MIN_PART (a
+// multiple of 32, 32 to 4096) for measurement. Read once per process; a token's bits depend on it
+// (the partitions' merge order), never on its batch.
+int32_t attention_min_partition();
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions);
 // Query heads per block of the tensor-core kernel paged_attention runs for these arguments (BF16 or
 // FP8 cache, head_dim 64 or 128, a GQA group of at most 16 or a multiple of 16), 0 when the f32 tile
