@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Device round for the attention split at short contexts: an 8-layer S30 decode at contexts 512 and
 # 4096 under partitions of at least SPILL_CUDA_ATTN_MIN_PART positions (default 128; 512 makes a
-# 512-token context one partition, no merge kernel) with and without the L2 prefetch of a warp's
-# next tiles (SPILL_CUDA_ATTN_PREFETCH), the default first and last; then the attention and runner
-# tests under the longest and shortest partitions. Runs the build packed by pack_spill.sh --tests.
+# 512-token context one partition, no merge kernel), the default first and last; then the attention
+# and runner tests under the longest and shortest partitions. Runs the build packed by pack_spill.sh --tests.
 #   usage (repo root, device): tools/gpu/attention_split_round.sh   carry: [".carry/pack.tar.xz"]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,19 +14,18 @@ export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
 export SPILL_TINY_DIR="$PWD/models/spill-tiny"
 T0=$(date +%s)
 budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
-VARIANTS=${VARIANTS:-"default:: part512:512: part512-pf1:512:1 part64:64: default-pf1::1 default2::"}
+VARIANTS=${VARIANTS:-"default: part512:512 part64:64 default2:"}
 for ctx in 512 4096; do
   for v in $VARIANTS; do
-    IFS=: read -r name part pf <<< "$v"
-    export SPILL_CUDA_ATTN_MIN_PART="$part" SPILL_CUDA_ATTN_PREFETCH="${pf:-0}"
+    IFS=: read -r name part <<< "$v"
+    export SPILL_CUDA_ATTN_MIN_PART="$part"
     timeout $(budget 30) $B/cuda_decode_bench --shape tests/data/shapes/s30.json --layers 8 --batches 1,8 \
       --context $ctx --steps 30 > "$OUT/attn-$ctx-$name.txt" 2>&1
-    echo "== context $ctx, $name (min partition '${part}', prefetch '${pf}'): rc=$?"
+    echo "== context $ctx, $name (min partition '${part}'): rc=$?"
     grep -E "^ +[0-9]+ " "$OUT/attn-$ctx-$name.txt" | head -2
   done
   echo "   ($(( $(date +%s) - T0 )) s)"
 done
-unset SPILL_CUDA_ATTN_PREFETCH
 for part in 512 32; do
   SPILL_CUDA_ATTN_MIN_PART=$part timeout $(budget 90) $B/spill_tests \
     --gtest_filter='CudaOps.*Attention*:CudaOps.Fp8*:CudaRunnerTest.*:CudaRunnerModels.SpillTiny*:CudaRunnerModels.Fp8*' \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device round for the KV cache formats (BF16, FP8): the CUDA tests this change touches, compute-sanitizer
-# on the FP8 write and attention tests, decode per format with and without the attention kernel's L2
-# prefetch (an 8-layer copy of S30, contexts 4K and 32K), and the FP8 cache's KL divergence against the
+# on the FP8 write and attention tests, decode per format (an 8-layer copy of S30, contexts 4K and
+# 32K), and the FP8 cache's KL divergence against the
 # BF16 one on spill-tiny over held-out text. Runs the spill build made here for sm_90, packed with its
 # libraries by `tools/gpu/pack_spill.sh --tests` (unpacked here first). Logs under $OUT. ROUND_SECONDS
 # (default 590) bounds the call: a stage that would run past it is cut short.
@@ -35,17 +35,14 @@ echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)";
 fi
 
 if [ "$MODE" != tests ]; then
-# Decode per KV format, with and without the attention kernel's L2 prefetch of a warp's next tiles
-# (SPILL_CUDA_ATTN_PREFETCH), on an 8-layer copy of S30 (every layer as S30's; the LM head as S30's).
+# Decode per KV format on an 8-layer copy of S30 (every layer as S30's; the LM head as S30's).
 for ctx in $CONTEXTS; do
   for f in bf16 fp8; do
-    for pf in 0 1; do
-      batches=1; [ "$ctx" -le 4096 ] && batches=1,8
-      SPILL_CUDA_ATTN_PREFETCH=$pf timeout $(budget 45) $B/cuda_decode_bench --shape tests/data/shapes/s30.json --layers 8 \
-        --batches $batches --context $ctx --steps 20 --prefill-chunk 4096 --kv-format $f > "$OUT/bench-$ctx-$f-pf$pf.txt" 2>&1
-      echo "== 8 layers, context $ctx, $f KV, prefetch $pf: rc=$?"
-      grep -E "^ +[0-9]+ |prefill of" "$OUT/bench-$ctx-$f-pf$pf.txt" | head -3
-    done
+    batches=1; [ "$ctx" -le 4096 ] && batches=1,8
+    timeout $(budget 45) $B/cuda_decode_bench --shape tests/data/shapes/s30.json --layers 8 \
+      --batches $batches --context $ctx --steps 20 --prefill-chunk 4096 --kv-format $f > "$OUT/bench-$ctx-$f.txt" 2>&1
+    echo "== 8 layers, context $ctx, $f KV: rc=$?"
+    grep -E "^ +[0-9]+ |prefill of" "$OUT/bench-$ctx-$f.txt" | head -3
   done
   stamp
 done
