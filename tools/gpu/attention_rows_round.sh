@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device round for an attention kernel change that keeps the bits: the CUDA attention, KV-format,
-# GEMV and runner tests, memcheck and racecheck on the attention tests, then an 8-layer S30 decode
+# GEMV and runner tests, memcheck on the attention tests, then an 8-layer S30 decode
 # alternating the base build (.carry/bin/cuda_decode_bench_base, packed beside the new one) and the
-# new one at contexts 512, 4096 and 32768 (BF16 and FP8 caches at 32768). Logs under $OUT.
+# new one at contexts 512, 4096 and 32768 (BF16 and FP8 caches at 32768), racecheck last. Logs under $OUT.
 #   usage (repo root, device): tools/gpu/attention_rows_round.sh   carry: [".carry/pack.tar.xz"]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,15 +16,12 @@ T0=$(date +%s)
 stamp() { echo "   ($(( $(date +%s) - T0 )) s)"; }
 budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
-timeout $(budget 150) $B/spill_tests --gtest_filter='CudaOps.*:*CudaGemv*:CudaRunnerTest.*:CudaRunnerModels.*:Fp8*' > "$OUT/tests.txt" 2>&1
+timeout $(budget 100) $B/spill_tests --gtest_filter='CudaOps.*:*CudaGemv*:CudaRunnerTest.*:CudaRunnerModels.*:Fp8*' > "$OUT/tests.txt" 2>&1
 echo "== tests rc=$?"; stamp
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " "$OUT/tests.txt" | head -20; grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -30
-timeout $(budget 90) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
+timeout $(budget 60) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
   --gtest_filter='CudaOps.*Attention*:CudaOps.Fp8*:CudaRunnerModels.Fp8*' > "$OUT/memcheck.txt" 2>&1
 echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
-timeout $(budget 90) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='CudaOps.*Attention*:CudaOps.Fp8Attention*' > "$OUT/racecheck.txt" 2>&1
-echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
 run() {  # name binary context batches format
   timeout $(budget 40) $B/$2 --shape tests/data/shapes/s30.json --layers 8 --batches $4 --context $3 --steps 30 \
     --prefill-chunk 4096 --kv-format $5 > "$OUT/$1.txt" 2>&1
@@ -42,3 +39,6 @@ for f in bf16 fp8; do
   run "new-32768-$f" cuda_decode_bench 32768 1 $f
 done
 stamp
+timeout $(budget 60) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests \
+  --gtest_filter='CudaOps.*Attention*:CudaOps.Fp8Attention*' > "$OUT/racecheck.txt" 2>&1
+echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
