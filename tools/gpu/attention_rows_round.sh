@@ -16,7 +16,7 @@ T0=$(date +%s)
 stamp() { echo "   ($(( $(date +%s) - T0 )) s)"; }
 budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
-timeout $(budget 100) $B/spill_tests --gtest_filter='CudaOps.*:*CudaGemv*:CudaRunnerTest.*:CudaRunnerModels.*:Fp8*' > "$OUT/tests.txt" 2>&1
+timeout $(budget 100) $B/spill_tests --gtest_filter="${TESTS:-CudaOps.*:*CudaGemv*:CudaRunnerTest.*:CudaRunnerModels.*:Fp8*}" > "$OUT/tests.txt" 2>&1
 echo "== tests rc=$?"; stamp
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " "$OUT/tests.txt" | head -20; grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -30
 timeout $(budget 60) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
@@ -27,7 +27,7 @@ run() {  # name binary context batches format
     --prefill-chunk 4096 --kv-format $5 > "$OUT/$1.txt" 2>&1
   echo "== $1: rc=$?"; grep -E "^ +[0-9]+ " "$OUT/$1.txt" | head -2
 }
-for rep in 1 2; do
+for rep in $(seq 1 ${REPS:-2}); do
   for ctx in 512 4096; do
     run "base-$ctx-r$rep" cuda_decode_bench_base $ctx 1,8 bf16
     run "new-$ctx-r$rep" cuda_decode_bench $ctx 1,8 bf16
