@@ -4,18 +4,8 @@
 # alternating the base build (.carry/bin/cuda_decode_bench_base, packed beside the new one) and the
 # new one at contexts 512, 4096 and 32768 (BF16 and FP8 caches at 32768), racecheck last. Logs under $OUT.
 #   usage (repo root, device): tools/gpu/attention_rows_round.sh   carry: [".carry/pack.tar.xz"]
-set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-[ -f .carry/pack.tar.xz ] && tar -C .carry -xJf .carry/pack.tar.xz
-B=.carry/bin
-export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
-export SPILL_TINY_DIR="$PWD/models/spill-tiny"
-T0=$(date +%s)
-stamp() { echo "   ($(( $(date +%s) - T0 )) s)"; }
-budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
+. tools/gpu/round_common.sh
 timeout $(budget 100) $B/spill_tests --gtest_filter="${TESTS:-CudaOps.*:*CudaGemv*:CudaRunnerTest.*:CudaRunnerModels.*:Fp8*}" > "$OUT/tests.txt" 2>&1
 echo "== tests rc=$?"; stamp
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " "$OUT/tests.txt" | head -20; grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -30

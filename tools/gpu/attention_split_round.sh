@@ -4,16 +4,8 @@
 # 512-token context one partition, no merge kernel), the default first and last; then the attention
 # and runner tests under the longest and shortest partitions. Runs the build packed by pack_spill.sh --tests.
 #   usage (repo root, device): tools/gpu/attention_split_round.sh   carry: [".carry/pack.tar.xz"]
-set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-[ -x .carry/bin/spill_tests ] || { [ -f .carry/pack.tar.xz ] && tar -C .carry -xJf .carry/pack.tar.xz; }
-B=.carry/bin
-export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
-export SPILL_TINY_DIR="$PWD/models/spill-tiny"
-T0=$(date +%s)
-budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
+. tools/gpu/round_common.sh
 VARIANTS=${VARIANTS:-"default: part512:512 part64:64 default2:"}
 for ctx in 512 4096; do
   for v in $VARIANTS; do

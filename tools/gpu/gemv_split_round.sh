@@ -5,17 +5,8 @@
 # same code), then the CUDA GEMV and runner tests under the fewest splits (a token's bits must not
 # depend on its batch under any policy). Runs the build packed by `tools/gpu/pack_spill.sh --tests`.
 #   usage (repo root, device): tools/gpu/gemv_split_round.sh   carry: [".carry/pack.tar.xz"]
-set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-[ -f .carry/pack.tar.xz ] && tar -C .carry -xJf .carry/pack.tar.xz
-B=.carry/bin
-export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
-export SPILL_TINY_DIR="$PWD/models/spill-tiny"
-T0=$(date +%s)
-budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
+. tools/gpu/round_common.sh
 VARIANTS=${VARIANTS:-"default:: fewest:1: fewest-whole-rows:1:4352 half:512: default2::"}
 for v in $VARIANTS; do
   IFS=: read -r name tb seg <<< "$v"

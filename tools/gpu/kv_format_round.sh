@@ -1,27 +1,14 @@
 #!/usr/bin/env bash
 # Device round for the KV cache formats (BF16, FP8): the CUDA tests this change touches, compute-sanitizer
 # on the FP8 write and attention tests, decode per format (an 8-layer copy of S30, contexts 4K and
-# 32K), and the FP8 cache's KL divergence against the
-# BF16 one on spill-tiny over held-out text. Runs the spill build made here for sm_90, packed with its
+# 32K), and the FP8 cache's KL divergence against the BF16 one on spill-tiny over held-out text. Runs the spill build made here for sm_90, packed with its
 # libraries by `tools/gpu/pack_spill.sh --tests` (unpacked here first). Logs under $OUT. ROUND_SECONDS
 # (default 590) bounds the call: a stage that would run past it is cut short.
 #   usage (repo root, device): tools/gpu/kv_format_round.sh [tests|bench|all]   carry: [".carry/pack.tar.xz"]
-set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
+. tools/gpu/round_common.sh
 MODE="${1:-all}"
 CONTEXTS="4096 32768"
-[ -f .carry/pack.tar.xz ] && tar -C .carry -xJf .carry/pack.tar.xz
-B=.carry/bin
-export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
-export SPILL_TINY_DIR="$PWD/models/spill-tiny"
-T0=$(date +%s)
-stamp() { echo "   ($(( $(date +%s) - T0 )) s)"; }
-# Seconds left of a ROUND_SECONDS-second call (590 by default), at most $1: a stage is cut, not the call.
-budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
-nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/env.txt"
-ldd $B/spill_tests | grep "not found"
 
 if [ "$MODE" != bench ]; then
 timeout $(budget 240) $B/spill_tests --gtest_filter="${TESTS:-CudaOps.*:CudaRunnerTest.*:CudaRunnerModels.Fp8*:CudaRunnerModels.SpillTiny*:CudaRunnerModels.ExpertsInHostRam*:Fp8*}" > "$OUT/tests.txt" 2>&1

@@ -1,0 +1,16 @@
+# Sourced by the device rounds (tools/gpu/*_round.sh) from the repository root on the GPU machine: unpacks
+# the build that `tools/gpu/pack_spill.sh --tests` packed (once per machine), sets B (its binaries) and
+# the libraries' path, and gives stamp (seconds since the start) and budget N (seconds a stage may take:
+# N, or what is left of ROUND_SECONDS, default 590, so that a stage is cut rather than the call).
+set -uo pipefail
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+[ -x .carry/bin/spill_tests ] || { [ -f .carry/pack.tar.xz ] && tar -C .carry -xJf .carry/pack.tar.xz; }
+B=.carry/bin
+export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
+export SPILL_TINY_DIR="$PWD/models/spill-tiny"
+T0=$(date +%s)
+stamp() { echo "   ($(( $(date +%s) - T0 )) s)"; }
+budget() { local left=$(( ${ROUND_SECONDS:-590} - ($(date +%s) - T0) )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/env.txt"
+ldd $B/spill_tests | grep "not found"
