@@ -570,7 +570,7 @@ TEST(CudaOps, TensorCoreAttentionIsBatchInvariant) {
     std::vector<int32_t> offs(size_t(n), 0);
     DeviceBuffer qd = to_device(q), pd = to_device(positions), od = to_device(offs), out(size_t(n * Q) * 4);
     const int32_t mp = *std::max_element(positions.begin(), positions.end()) + 1;
-    const int32_t parts = std::max(cuda::attention_grid_partitions(mp), min_grid_parts);
+    const int32_t parts = std::max(cuda::attention_grid_parts(mp), min_grid_parts);
     DeviceBuffer ws(size_t(std::max<int64_t>(n * nh * parts * (D + 2), 1)) * 4);
     const cuda::AttentionArgs args{.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr,
                                    .kv_type = KvFormat::BF16, .positions = pd.as<int32_t>(),

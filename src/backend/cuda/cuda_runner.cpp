@@ -783,7 +783,7 @@ void CudaRunner::allocate_workspace() {
   logit_rows_per_pass_ = std::min<int64_t>(N, std::max<int64_t>(config_.max_seqs, 1));
   // Split-attention partials per token: the graph buckets round the partitions up to a power of two.
   int64_t parts_cap = 1;
-  while (parts_cap < cuda::attention_grid_partitions(int32_t(std::min<int64_t>(max_model_len_, INT32_MAX)), cuda::attention_min_partition())) parts_cap *= 2;
+  while (parts_cap < cuda::attention_grid_parts(int32_t(std::min<int64_t>(max_model_len_, INT32_MAX)))) parts_cap *= 2;
   const int64_t per_token_attn = parts_cap > 1 ? spec_.n_heads * parts_cap * (spec_.head_dim + 2) : 0;
   const int64_t attn_budget_floats = int64_t(64) << 20;  // 256 MiB of split-attention partials at most
   attn_tokens_per_call_ = per_token_attn == 0 ? N : std::clamp<int64_t>(attn_budget_floats / per_token_attn, 1, N);
@@ -1097,7 +1097,7 @@ int64_t CudaRunner::run_step(const ForwardBatch& batch, ForwardObserver* observe
     // that changes per step is in it (tokens, positions, slots, block tables and the expert
     // tables are read from device memory).
     st.grid_parts = 1;
-    while (st.grid_parts < cuda::attention_grid_partitions(st.max_positions, cuda::attention_min_partition())) st.grid_parts *= 2;
+    while (st.grid_parts < cuda::attention_grid_parts(st.max_positions)) st.grid_parts *= 2;
     const auto key = std::make_pair(n, st.grid_parts);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {

@@ -1,7 +1,6 @@
 #include "backend/cuda/gemv.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -9,6 +8,7 @@
 #include "backend/cuda/kernel_limits.h"
 #include "backend/cuda/mmq.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 
 namespace spill::cuda {
 namespace {
@@ -20,18 +20,14 @@ constexpr int kMaxSegmentBytes = 2304;     // staged bytes per row per chunk (a 
 
 // The split policy's two constants, overridable for measurement (SPILL_GEMV_TARGET_BLOCKS,
 // SPILL_GEMV_MAX_SEGMENT): fewer, longer chunks trade the split-K epilogue's round trips (a fence,
-// an atomic, the partial sums read back) for fewer blocks in flight. Read once per process.
-int64_t env_or(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  return std::clamp<int64_t>(std::atoll(v), lo, hi);
-}
+// an atomic, the partial sums read back) for fewer blocks in flight (measured on an H100: no setting
+// beats these, docs/perf/NOTES.md). Read once per process.
 int64_t target_blocks() {
-  static const int64_t v = env_or("SPILL_GEMV_TARGET_BLOCKS", kTargetBlocks, 1, 1 << 20);
+  static const int64_t v = env_int("SPILL_GEMV_TARGET_BLOCKS", kTargetBlocks, 1, 1 << 20);
   return v;
 }
 int64_t max_segment_bytes() {
-  static const int64_t v = env_or("SPILL_GEMV_MAX_SEGMENT", kMaxSegmentBytes, 256, 16384);
+  static const int64_t v = env_int("SPILL_GEMV_MAX_SEGMENT", kMaxSegmentBytes, 256, 16384);
   return v;
 }
 constexpr int kActSmemBudget = 24 * 1024;  // shared bytes for one token group's rounded activations

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernel_limits.h"
+#include "core/env.h"
 
 namespace spill::cuda {
 namespace {
@@ -1911,20 +1912,17 @@ void f32_to_e4m3(const float* x, int64_t n, uint8_t* q, cudaStream_t stream) {
   check(cudaGetLastError(), "launching the e4m3 conversion");
 }
 
-// Partitions in the grid: the most any token of the batch may have.
 int32_t attention_min_partition() {
-  static const int32_t v = [] {
-    const char* e = std::getenv("SPILL_CUDA_ATTN_MIN_PART");
-    if (!e || !*e) return int32_t(kMinAttentionPartition);
-    return std::clamp(std::atoi(e) / 32 * 32, 32, 4096);
-  }();
+  static const int32_t v = int32_t(env_int("SPILL_CUDA_ATTN_MIN_PART", kMinAttentionPartition, 32, 4096) / 32 * 32);
   return v;
 }
 
-int32_t grid_partitions(int32_t max_positions) { return attention_grid_partitions(max_positions, attention_min_partition()); }
+int32_t attention_grid_parts(int32_t max_positions) {
+  return attention_grid_partitions(max_positions, attention_min_partition());
+}
 
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions) {
-  const int64_t parts = grid_partitions(max_positions);
+  const int64_t parts = attention_grid_parts(max_positions);
   return parts <= 1 ? 0 : max_tokens * n_heads * parts * (head_dim + 2);
 }
 
@@ -1945,17 +1943,14 @@ bool kv_fp8_supported(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
 }
 
 // Tiles ahead whose K and V the tensor-core kernel's decode warps ask L2 for: SPILL_CUDA_ATTN_PREFETCH=N
-// (0 to 4; the bits are the same for every N). Off unless set, until a benchmark shows it pays
-// (docs/perf/kv-fp8-2026-12-07.md).
+// (0 to 4; the bits are the same for every N). Off unless set: measured on an H100 it does not pay
+// (docs/perf/kv-fp8-2026-12-07.md); branch attention-rows-by-shuffle removes it.
 static int32_t attention_prefetch_tiles() {
-  static const int32_t tiles = [] {
-    const char* v = std::getenv("SPILL_CUDA_ATTN_PREFETCH");
-    return v ? std::clamp(std::atoi(v), 0, 4) : 0;
-  }();
+  static const int32_t tiles = int32_t(env_int("SPILL_CUDA_ATTN_PREFETCH", 0, 0, 4));
   return tiles;
 }
 
-int attention_launches(int32_t max_positions) { return grid_partitions(max_positions) > 1 ? 2 : 1; }
+int attention_launches(int32_t max_positions) { return attention_grid_parts(max_positions) > 1 ? 2 : 1; }
 
 void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
   if (args.n <= 0) return;
@@ -1965,7 +1960,7 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     throw_error("attention: bad head shape (" + str(a.n_heads) + " q heads, " + str(a.n_kv_heads) +
                 " kv heads of " + str(a.head_dim) + "; head_dim at most " + str(kMaxHeadDim) + ")");
   if (a.max_positions <= 0 || a.block_size <= 0) throw_error("attention: bad max_positions or block size");
-  const int32_t parts = std::max(grid_partitions(a.max_positions), a.min_grid_parts);
+  const int32_t parts = std::max(attention_grid_parts(a.max_positions), a.min_grid_parts);
   if (parts > kMaxAttentionPartitions) throw_error("attention: more than " + str(kMaxAttentionPartitions) + " partitions");
   if (parts > 1 && !a.workspace) throw_error("attention: contexts over one partition need the workspace");
   if (const int heads = attention_mma_heads(a); heads > 0) {
@@ -2001,7 +1996,8 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
   int G = 8;
   while (group % G != 0) G /= 2;
   while (G > 1 && a.n * (a.n_heads / G) * parts < 264) G /= 2;
-  if (const char* cap = std::getenv("SPILL_CUDA_ATTN_HEADS")) G = std::max(1, std::min(G, std::atoi(cap)));
+  static const int heads_cap = int(env_int("SPILL_CUDA_ATTN_HEADS", 8, 1, 8));  // read once, not per call
+  G = std::min(G, heads_cap);
   while (group % G != 0) G /= 2;
   const dim3 grid(grid_dim(a.n * (a.n_heads / G), "attention"), unsigned(parts));
   const int64_t D = a.head_dim;

@@ -140,6 +140,10 @@ struct AttentionArgs {
 // multiple of 32, 32 to 4096) for measurement. Read once per process; a token's bits depend on it
 // (the partitions' merge order), never on its batch.
 int32_t attention_min_partition();
+// Partitions a grid needs for a batch whose longest context is max_positions, under this process's
+// split (attention_grid_partitions with attention_min_partition()): what paged_attention launches,
+// so what a caller sizes a fixed grid or a workspace by.
+int32_t attention_grid_parts(int32_t max_positions);
 int64_t attention_workspace_floats(int64_t max_tokens, int64_t n_heads, int64_t head_dim, int32_t max_positions);
 // Query heads per block of the tensor-core kernel paged_attention runs for these arguments (BF16 or
 // FP8 cache, head_dim 64 or 128, a GQA group of at most 16 or a multiple of 16), 0 when the f32 tile
