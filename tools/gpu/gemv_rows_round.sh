@@ -3,7 +3,8 @@
 # racecheck on the GEMV tests, the GEMV table of cuda_moe_bench with the row kernel off and on
 # (SPILL_GEMV_ROW_KERNEL, same binary), then S30 decode in graphs alternating the base build
 # (.carry/bin/cuda_decode_bench_base), the new build with the row kernel off, and on: 8 layers at
-# batches 1-16, then all 48 layers at batch 1 and 8. Logs under $OUT.
+# batches 1-16, then all 48 layers at batch 1 and 8. Base against row kernel off measures what else
+# changed since the base (the fused router + top-k); off against on, the row kernel. Logs under $OUT.
 #   usage (repo root, device): tools/gpu/gemv_rows_round.sh   carry: [".carry/pack.tar.xz"]
 cd "$(dirname "$0")/../.."
 . tools/gpu/round_common.sh
@@ -11,10 +12,10 @@ timeout $(budget 150) $B/spill_tests --gtest_filter="${TESTS:-*Cuda*:Fp8*:-*Coll
 echo "== tests rc=$?"; stamp
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " "$OUT/tests.txt" | head -20; grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -30
 timeout $(budget 60) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='*CudaGemv*' > "$OUT/memcheck.txt" 2>&1
+  --gtest_filter='*CudaGemv*:CudaOps.FusedRouter*' > "$OUT/memcheck.txt" 2>&1
 echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
 timeout $(budget 60) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='*CudaGemv*' > "$OUT/racecheck.txt" 2>&1
+  --gtest_filter='*CudaGemv*:CudaOps.FusedRouter*' > "$OUT/racecheck.txt" 2>&1
 echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
 for k in 0 1; do
   SPILL_GEMV_ROW_KERNEL=$k timeout $(budget 40) $B/cuda_moe_bench --shape none --reps 200 > "$OUT/gemv-row$k.txt" 2>&1
