@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Device round for the Q8_0 row kernel of the dense GEMV (gemv.cu): the CUDA tests, memcheck and
 # racecheck on the GEMV tests, the GEMV table of cuda_moe_bench with the row kernel off and on
-# (SPILL_GEMV_ROW_KERNEL, same binary), then S30 decode in graphs alternating the base build
-# (.carry/bin/cuda_decode_bench_base), the new build with the row kernel off, and on: 8 layers at
-# batches 1-16, then all 48 layers at batch 1 and 8. Base against row kernel off measures what else
-# changed since the base (the fused router + top-k); off against on, the row kernel. Logs under $OUT.
+# (SPILL_GEMV_ROW_KERNEL, same binary), then S30 decode in graphs alternating three settings of one
+# binary: the router as two launches and the staged GEMV (split), the fused router (row0), and the
+# fused router with the row kernel (row1): 8 layers at batches 1-16, then all 48 layers at batch 1
+# and 8. split against row0 measures the fused router; row0 against row1, the row kernel. Logs under $OUT.
 #   usage (repo root, device): tools/gpu/gemv_rows_round.sh   carry: [".carry/pack.tar.xz"]
 cd "$(dirname "$0")/../.."
 . tools/gpu/round_common.sh
@@ -22,18 +22,18 @@ for k in 0 1; do
   echo "== GEMV table, row kernel $k: rc=$?"; grep -E "^[0-9]+ -> " "$OUT/gemv-row$k.txt" | awk '$2==1 || $2==8'
 done
 stamp
-run() {  # name binary row-kernel layers batches
-  SPILL_GEMV_ROW_KERNEL=$3 timeout $(budget 60) $B/$2 --shape tests/data/shapes/s30.json --layers $4 --batches $5 \
+run() {  # name router-fused row-kernel layers batches
+  SPILL_ROUTER_FUSED=$2 SPILL_GEMV_ROW_KERNEL=$3 timeout $(budget 60) $B/cuda_decode_bench --shape tests/data/shapes/s30.json --layers $4 --batches $5 \
     --context 512 --steps 30 > "$OUT/$1.txt" 2>&1
   echo "== $1: rc=$?"; grep -E "^ +[0-9]+ " "$OUT/$1.txt" | head -5
 }
 for rep in $(seq 1 ${REPS:-2}); do
-  run "base-8-r$rep" cuda_decode_bench_base 1 8 1,4,8,16
-  run "row0-8-r$rep" cuda_decode_bench 0 8 1,4,8,16
-  run "row1-8-r$rep" cuda_decode_bench 1 8 1,4,8,16
+  run "split-8-r$rep" 0 0 8 1,4,8,16
+  run "row0-8-r$rep" 1 0 8 1,4,8,16
+  run "row1-8-r$rep" 1 1 8 1,4,8,16
   stamp
 done
-run "base-48" cuda_decode_bench_base 1 48 1,8
-run "row0-48" cuda_decode_bench 0 48 1,8
-run "row1-48" cuda_decode_bench 1 48 1,8
+run "split-48" 0 0 48 1,8
+run "row0-48" 1 0 48 1,8
+run "row1-48" 1 1 48 1,8
 stamp

@@ -23,6 +23,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
+#include "core/env.h"
 #include "model/model.h"
 #include "offload/expert_cache.h"
 #include "offload/expert_staging.h"
@@ -1263,7 +1264,9 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
     if (d.moe) {
       const int64_t E = spec_.n_experts, K = spec_.n_experts_per_token;
       const cuda::RouteShare share{.owned = d.owned, .ids = d.owned ? share_ids_ : nullptr};
-      if (cuda::router_topk_fused(d.router.type, n, E)) {
+      // SPILL_ROUTER_FUSED=0 keeps the two launches (same bits), for measuring one against the other.
+      static const bool fused_router_allowed = env_int("SPILL_ROUTER_FUSED", 1, 0, 1) != 0;
+      if (fused_router_allowed && cuda::router_topk_fused(d.router.type, n, E)) {
         // Decode: the logits and the top-k in one launch.
         cuda::router_topk({.w = d.router.data, .type = d.router.type, .n_experts = E, .cols = H, .x = h_, .n = n,
                            .bias = d.router_bias, .logits = router_logits_, .k = K,
