@@ -106,8 +106,7 @@ TEST_P(CudaGemvTest, MatchesCpuTwinOverAwkwardShapes) {
   // block); row counts that leave partial tiles; a short wide matrix that K-splits; batches 1, 3,
   // 8, 11 and 17 (more than one token group of 8), 33 and 70 (the tensor-core path where the
   // format has one: partial tiles of 64 rows and 64 tokens).
-  // 8448 columns: Q8_0's row kernel stages a row in three pieces at batch 1 (128 + 128 + 8 blocks),
-  // five for a group of tokens.
+  // 8448 columns: a row of several K-chunks in every format (more than the 2304 bytes staged per chunk).
   std::vector<std::pair<int64_t, int64_t>> shapes = {{1, be * 3}, {45, 768}, {300, 1280}, {19, 4096}, {130, 2304},
                                                       {3, 8448}};
   if (be == 32) shapes.push_back({33, 4128});

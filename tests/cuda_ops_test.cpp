@@ -879,61 +879,6 @@ TEST(CudaOps, RouterTopKMatchesTheTwin) {
   }
 }
 
-// The decode router in one launch gives the bits of the float matmul followed by the top-k, for
-// every float format, with and without a bias and a GPU's share, over expert counts that fill 4 or
-// 8 of a lane's registers partly and whole, top-k equal to the expert count, and batches 1 to 8;
-// launched twice in a row on one counter (the last block leaves it zero for the next call).
-TEST(CudaOps, FusedRouterGivesTheBitsOfMatmulThenTopK) {
-  SPILL_SKIP_WITHOUT_GPU();
-  struct Case {
-    DType type;
-    int64_t n, E, k, cols;
-    bool renorm, bias, share;
-  };
-  const Case cases[] = {{DType::F32, 1, 128, 8, 2048, true, false, false}, {DType::BF16, 3, 60, 4, 200, false, true, false},
-                        {DType::F16, 8, 256, 8, 1000, true, false, true},  {DType::F32, 5, 16, 16, 203, true, true, true},
-                        {DType::F32, 2, 160, 10, 4200, false, false, false}, {DType::BF16, 1, 1, 1, 64, true, false, false}};
-  DeviceBuffer counter(4);
-  CUDA_OK(cudaMemset(counter.ptr, 0, 4));
-  int ci = 0;
-  for (const Case& c : cases) {
-    SCOPED_TRACE("case " + std::to_string(ci++));
-    ASSERT_TRUE(cuda::router_topk_fused(c.type, c.n, c.E));
-    const std::vector<uint8_t> w = encode(randn(size_t(c.E * c.cols), 41 + ci, 0.1f), c.type);
-    const auto x = randn(size_t(c.n * c.cols), 42 + ci), bias = randn(size_t(c.E), 43 + ci);
-    std::vector<uint8_t> owned(size_t(c.E));
-    for (int64_t e = 0; e < c.E; ++e) owned[size_t(e)] = e % 3 != 1;
-    DeviceBuffer wd = to_device(w), xd = to_device(x), bd = to_device(bias), od = to_device(owned);
-    const float* b = c.bias ? bd.as<float>() : nullptr;
-    DeviceBuffer l1(size_t(c.n * c.E) * 4), i1(size_t(c.n * c.k) * 4), w1(size_t(c.n * c.k) * 4), s1(size_t(c.n * c.k) * 4);
-    DeviceBuffer l2(size_t(c.n * c.E) * 4), i2(size_t(c.n * c.k) * 4), w2(size_t(c.n * c.k) * 4), s2(size_t(c.n * c.k) * 4);
-    for (DeviceBuffer* d : {&l2, &i2, &w2, &s2}) d->poison();
-    cuda::matmul_float(wd.ptr, c.type, c.E, c.cols, xd.as<float>(), c.n, b, l1.as<float>(), s0);
-    cuda::route_topk(l1.as<float>(), c.n, c.E, c.k, c.renorm, i1.as<int32_t>(), w1.as<float>(), s0,
-                     c.share ? cuda::RouteShare{.owned = od.as<uint8_t>(), .ids = s1.as<int32_t>()} : cuda::RouteShare{});
-    const cuda::RouterTopkArgs a{.w = wd.ptr, .type = c.type, .n_experts = c.E, .cols = c.cols, .x = xd.as<float>(),
-                                 .n = c.n, .bias = b, .logits = l2.as<float>(), .k = c.k, .renormalise = c.renorm,
-                                 .ids = i2.as<int32_t>(), .weights = w2.as<float>(),
-                                 .share = c.share ? cuda::RouteShare{.owned = od.as<uint8_t>(), .ids = s2.as<int32_t>()}
-                                                  : cuda::RouteShare{},
-                                 .counter = counter.as<int32_t>()};
-    for (int rep = 0; rep < 2; ++rep) {
-      cuda::router_topk(a, s0);
-      CUDA_OK(cudaDeviceSynchronize());
-      EXPECT_EQ(test::download<int32_t>(counter.ptr, 1)[0], 0);
-      const size_t nk = size_t(c.n * c.k);
-      ASSERT_EQ(0, std::memcmp(test::download<float>(l1.ptr, size_t(c.n * c.E)).data(),
-                               test::download<float>(l2.ptr, size_t(c.n * c.E)).data(), size_t(c.n * c.E) * 4));
-      ASSERT_EQ(test::download<int32_t>(i1.ptr, nk), test::download<int32_t>(i2.ptr, nk));
-      ASSERT_EQ(0, std::memcmp(test::download<float>(w1.ptr, nk).data(), test::download<float>(w2.ptr, nk).data(), nk * 4));
-      if (c.share) ASSERT_EQ(test::download<int32_t>(s1.ptr, nk), test::download<int32_t>(s2.ptr, nk));
-    }
-  }
-  EXPECT_FALSE(cuda::router_topk_fused(DType::F32, 9, 128));   // a prompt: matmul + top-k
-  EXPECT_FALSE(cuda::router_topk_fused(DType::F32, 1, 257));   // past the registers' 256 experts
-  EXPECT_FALSE(cuda::router_topk_fused(DType::Q8_0, 1, 128));  // a block format
-}
-
 // ---- dense float matmul ---------------------------------------------------------------------
 
 TEST(CudaOps, FloatMatmulMatchesTheTwinAndIsBatchInvariant) {

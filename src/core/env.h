@@ -1,6 +1,6 @@
 // Integer settings from the environment, for the measurement knobs of the kernels (SPILL_GEMV_*,
-// SPILL_CUDA_ATTN_*, SPILL_ROUTER_FUSED: they change how work is split, never a result's bits or
-// meaning). C++17: the CUDA sources include it.
+// SPILL_CUDA_ATTN_*: they change how work is split, never a result's bits or meaning). C++17: the
+// CUDA sources include it.
 #pragma once
 #include <algorithm>
 #include <cstdint>

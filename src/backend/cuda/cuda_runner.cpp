@@ -23,7 +23,6 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
-#include "core/env.h"
 #include "model/model.h"
 #include "offload/expert_cache.h"
 #include "offload/expert_staging.h"
@@ -257,7 +256,6 @@ class CudaRunner final : public ModelRunner {
   float *final_rows_ = nullptr, *logits_dev_ = nullptr, *attn_workspace_ = nullptr, *scratch_ = nullptr;
   float* shared_out_ = nullptr;  // [N, H]: a MoE layer's shared experts, added with its routed ones
   int32_t* route_ids_ = nullptr;
-  int32_t* router_counter_ = nullptr;  // the fused router's last-block counter (zero between launches)
   int32_t* share_ids_ = nullptr;  // [N, K] an expert-parallel shard's ids: route_ids_, others' experts -1
   DeviceAlloc owned_mem_;         // the shard's DeviceLayer::owned masks, [moe layers][n_experts]
   void* moe_workspace_ = nullptr;
@@ -817,7 +815,6 @@ void CudaRunner::allocate_workspace() {
       {reinterpret_cast<void**>(&shared_out_), spec_.n_shared_experts > 0 ? N * H * 4 : 4},
       {&moe_workspace_, std::max<int64_t>(moe_ws, 16)},
       {&h_rounded_, H % 32 == 0 ? cuda::rounded_rows_bytes(N, H) : 16},
-      {reinterpret_cast<void**>(&router_counter_), 4},
   };
   int64_t total = 0;
   for (const Piece& p : pieces) total += int64_t(align_up(size_t(p.bytes)));
@@ -828,7 +825,6 @@ void CudaRunner::allocate_workspace() {
     *p.out = act_mem_.as<uint8_t>() + at;
     at += int64_t(align_up(size_t(p.bytes)));
   }
-  check(cudaMemsetAsync(router_counter_, 0, 4, stream_), "CUDA runner: zeroing the router's counter");
   // Metadata: every per-token array for max_batch_tokens, block tables for max_seqs sequences of
   // max_model_len positions, and (host-gathered embeddings) the rows.
   const int64_t blocks_per_seq = (max_model_len_ + config_.kv.block_size - 1) / config_.kv.block_size;
@@ -1263,25 +1259,12 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
 
     if (d.moe) {
       const int64_t E = spec_.n_experts, K = spec_.n_experts_per_token;
-      const cuda::RouteShare share{.owned = d.owned, .ids = d.owned ? share_ids_ : nullptr};
-      // SPILL_ROUTER_FUSED=0 keeps the two launches (same bits), for measuring one against the other.
-      static const bool fused_router_allowed = env_int("SPILL_ROUTER_FUSED", 1, 0, 1) != 0;
-      if (fused_router_allowed && cuda::router_topk_fused(d.router.type, n, E)) {
-        // Decode: the logits and the top-k in one launch.
-        cuda::router_topk({.w = d.router.data, .type = d.router.type, .n_experts = E, .cols = H, .x = h_, .n = n,
-                           .bias = d.router_bias, .logits = router_logits_, .k = K,
-                           .renormalise = spec_.norm_topk_prob, .ids = route_ids_, .weights = route_weights_,
-                           .share = share, .counter = router_counter_},
-                          stream_);
-        ++launches_;
-        mark("router matmul + top-k");
-      } else {
-        linear(d.router, h_, n, router_logits_, d.router_bias);
-        mark("router matmul");
-        cuda::route_topk(router_logits_, n, E, K, spec_.norm_topk_prob, route_ids_, route_weights_, stream_, share);
-        ++launches_;
-        mark("router top-k");
-      }
+      linear(d.router, h_, n, router_logits_, d.router_bias);
+      mark("router matmul");
+      cuda::route_topk(router_logits_, n, E, K, spec_.norm_topk_prob, route_ids_, route_weights_, stream_,
+                       {.owned = d.owned, .ids = d.owned ? share_ids_ : nullptr});
+      ++launches_;
+      mark("router top-k");
       if (observer) {
         std::vector<int32_t> ids(size_t(n * K));
         std::vector<float> ws(size_t(n * K));

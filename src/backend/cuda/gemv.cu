@@ -30,12 +30,6 @@ int64_t max_segment_bytes() {
   static const int64_t v = env_int("SPILL_GEMV_MAX_SEGMENT", kMaxSegmentBytes, 256, 16384);
   return v;
 }
-// SPILL_GEMV_ROW_KERNEL=0 sends Q8_0 to the staged kernel too (same bits), for measuring one against
-// the other in the same binary.
-bool row_kernel_enabled() {
-  static const bool v = env_int("SPILL_GEMV_ROW_KERNEL", 1, 0, 1) != 0;
-  return v;
-}
 constexpr int kActSmemBudget = 24 * 1024;  // shared bytes for one token group's rounded activations
 
 struct GemvParams {
@@ -110,135 +104,6 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
     p.y[t * p.rows + row] = s;
   }
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
-}
-
-// ---- the row kernel: Q8_0 rows of whole activation blocks, one warp per row ----------------------
-// The staged kernel above spends most of a warp's ~1,200 instructions (S30 q/k/v, ncu) on bookkeeping
-// shared by every format: 4 rows per warp of which a pass decodes 21 or 32 units, the staging's
-// per-row address arithmetic, the split-K epilogue. For Q8_0 rows whose length is a multiple of 256
-// (the row then starts 16-byte aligned) this kernel takes one row per warp and the whole row per
-// block: the warp copies its row with plain 16-byte cp.async (one address per chunk), every lane
-// decodes whole units, and the plan's K-chunks survive only as the arithmetic: the chain restarts
-// at each chunk boundary and the chunk values are added in order, so a token gets the bits the
-// staged kernel and the tensor-core tiles (which follow the same chunks) give it.
-constexpr int kRowWarps = 8;
-constexpr int kQ8Bytes = 34;               // a Q8_0 block: f16 scale + 32 int8
-constexpr int kPieceUnitsOne = 128;        // Q8_0 blocks of a row staged at once, one token (4096 weights)
-constexpr int kPieceUnitsGroup = 64;       // ... a group of tokens (their activations share the shared memory)
-constexpr int kSumStride = 36;             // floats per token of a warp's unit-value scratch
-
-struct RowGemvParams {
-  const uint8_t* weights;
-  const void* x;
-  float* y;
-  int64_t rows, cols, row_bytes, n;
-  int32_t chunk_blocks;  // activation blocks per K-chunk of the plan: the chain restarts at each
-  int32_t piece_units;   // Q8_0 blocks per staged piece of a row (a multiple of 8)
-  int32_t token_group;   // tokens whose rounded activations shared memory holds at once (<= NT)
-};
-
-__host__ __device__ constexpr int row_kernel_smem(int piece_units, int nt, int token_group) {
-  return kRowWarps * piece_units * kQ8Bytes + kRowWarps * nt * kSumStride * 4 + act_q8_bytes(token_group, piece_units * 32);
-}
-
-// The warp copies `bytes` (a multiple of 16, 16-byte aligned) from src to its slot: one commit group.
-__device__ __forceinline__ void stage_piece(const uint8_t* src, int bytes, uint8_t* slot, int lane) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot));
-  for (int c = lane; c < bytes / 16; c += 32)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 16u * unsigned(c)), "l"(src + 16 * c));
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <class XT, int NT>
-__global__ void __launch_bounds__(kRowWarps * 32, NT == 1 ? 4 : 2) gemv_rows_q8_0_kernel(RowGemvParams p) {
-  using U = Unit<DType::Q8_0>;
-  static_assert(NT * 4 <= 32, "a lane per (token, activation block) of a 32-unit pass");
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kRowWarps + warp;
-  const bool has_row = row < p.rows;
-  uint8_t* slot = smem + warp * p.piece_units * kQ8Bytes;
-  float* sums = reinterpret_cast<float*>(smem + kRowWarps * p.piece_units * kQ8Bytes) + warp * NT * kSumStride;
-  uint8_t* act_area = smem + kRowWarps * p.piece_units * kQ8Bytes + kRowWarps * NT * kSumStride * 4;
-  const uint8_t* src = p.weights + (has_row ? row : 0) * p.row_bytes;
-  const int units = int(p.cols / 32), act_blocks = units / 8;
-  allow_next_grid();
-  // The weights do not depend on the previous kernel: fetch the first piece before waiting for it.
-  if (has_row) stage_piece(src, min(units, p.piece_units) * kQ8Bytes, slot, lane);
-  wait_for_previous_grid();
-  const XT* x = static_cast<const XT*>(p.x);
-  // Lane t < n owns token t's chain: acc over the current K-chunk, total over the finished ones.
-  float acc = 0.0f, total = 0.0f;
-  bool have_total = false;
-  for (int u0 = 0; u0 < units; u0 += p.piece_units) {
-    const int piece_units = min(p.piece_units, units - u0);
-    if (has_row) {
-      if (u0 > 0) {
-        __syncwarp();  // every lane is done with the previous piece
-        stage_piece(src + int64_t(u0) * kQ8Bytes, piece_units * kQ8Bytes, slot, lane);
-      }
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-      __syncwarp();
-    }
-    const int k0 = u0 * 32, k_len = piece_units * 32;
-    const ActQ8 xq = act_q8_at(act_area, p.token_group, k_len);
-    for (int t0 = 0; t0 < p.n; t0 += p.token_group) {
-      const int tokens = int(p.n - t0 < p.token_group ? p.n - t0 : p.token_group);
-      __syncthreads();  // the previous group's activations are no longer read
-      quantize_tokens([&](int t) { return x + (t0 + t) * p.cols + k0; }, tokens, k_len, xq,
-                      [](const XT* q, float v[8]) { load_x8<XT>(q, v); });
-      __syncthreads();
-      if (!has_row) continue;
-      // The chain's owner (lane t0 + t) and where its token's values come from (lanes 4t .. 4t+3).
-      const int own = lane - t0;
-      const bool owner = own >= 0 && own < tokens;
-      const int own_t = owner ? own : 0;
-      for (int s0 = 0; s0 < piece_units; s0 += 32) {
-        // Lane l decodes unit s0 + l once and takes its value d * S for each token.
-        const int u = s0 + lane;
-        if (u < piece_units) {
-          U unit;
-          unit.load(slot + u * kQ8Bytes, 0);
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            if (t < tokens) {
-              uint32_t xw[U::kXWords];
-              int32_t s8[U::kSumWords] = {};
-              float dx;
-              load_unit_x<U>(xq, t, u * 32, 0, xw, s8, dx);
-              sums[t * kSumStride + lane] = unit_value(unit, xw);
-            }
-          }
-        }
-        __syncwarp();
-        // Lane (t, b) = (lane / 4, lane % 4) adds activation block b's 8 unit values in K order.
-        const int in_pass = min(32, piece_units - s0);  // a multiple of 8
-        const int vt = lane / 4, vb = lane % 4;
-        float value = 0.0f;
-        if (vt < tokens && vb * 8 < in_pass) {
-          const float4 a = *reinterpret_cast<const float4*>(sums + vt * kSumStride + 8 * vb);
-          const float4 b = *reinterpret_cast<const float4*>(sums + vt * kSumStride + 8 * vb + 4);
-          value = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(a.x, a.y), a.z), a.w), b.x), b.y), b.z), b.w);
-        }
-        __syncwarp();  // the scratch is read before the next pass writes it
-        // The owner continues its chain over the pass's blocks in K order.
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const float v = __shfl_sync(0xffffffffu, value, 4 * own_t + b);
-          if (owner && b * 8 < in_pass) {
-            const int block = (u0 + s0) / 8 + b;  // in the row
-            acc = __fmaf_rn(xq.d[own_t * xq.d_stride + (s0 / 8 + b)], v, acc);
-            if ((block + 1) % p.chunk_blocks == 0 || block + 1 == act_blocks) {
-              total = have_total ? __fadd_rn(total, acc) : acc;
-              have_total = true;
-              acc = 0.0f;
-            }
-          }
-        }
-      }
-    }
-  }
-  if (has_row && lane < p.n) p.y[lane * p.rows + row] = total;
 }
 
 // Rounds x [n, cols] to int8 per block of 256 (quantize_activations_q8, round_rows below): one
@@ -339,10 +204,9 @@ struct WorkspaceLayout {
 WorkspaceLayout workspace_layout(const GemvPlan& plan) {
   WorkspaceLayout w;
   w.gemv_max_n = plan.mmq ? std::min<int64_t>(plan.max_n, kMmqMinTokens - 1) : plan.max_n;
-  const bool split_k = plan.k_splits > 1 && !plan.row_kernel;
-  const int64_t partial = split_k ? int64_t(plan.k_splits) * w.gemv_max_n * plan.rows * 4 : 0;
+  const int64_t partial = plan.k_splits > 1 ? int64_t(plan.k_splits) * w.gemv_max_n * plan.rows * 4 : 0;
   w.counters = partial;
-  w.counter_bytes = split_k ? plan.row_tiles * 4 : 0;
+  w.counter_bytes = plan.k_splits > 1 ? plan.row_tiles * 4 : 0;
   w.rounded = (w.counters + w.counter_bytes + 15) / 16 * 16;
   w.bytes = plan.mmq ? w.rounded + rounded_rows_bytes(plan.max_n, plan.cols) : w.counters + w.counter_bytes;
   return w;
@@ -392,7 +256,6 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   plan.k_chunk = chunk_blocks * block_elems;
   plan.k_splits = int32_t((cols + plan.k_chunk - 1) / plan.k_chunk);
   plan.mmq = mmq_format(type) && max_n >= kMmqMinTokens;
-  plan.row_kernel = type == DType::Q8_0 && cols % kActBlock == 0 && row_kernel_enabled();
   const WorkspaceLayout w = workspace_layout(plan);
   plan.workspace_bytes = w.bytes;
   return plan;
@@ -460,28 +323,6 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
   if (args.n > w.gemv_max_n)
     throw_error("GEMV called with " + std::to_string(args.n) + " activation rows; its decode path takes at most " +
                 std::to_string(w.gemv_max_n));
-  if (plan.row_kernel) {
-    RowGemvParams p{};
-    p.weights = static_cast<const uint8_t*>(args.weights);
-    p.x = args.x;
-    p.y = args.y;
-    p.rows = plan.rows;
-    p.cols = plan.cols;
-    p.row_bytes = row_bytes(plan.type, plan.cols);
-    p.n = args.n;
-    p.chunk_blocks = int32_t(plan.k_chunk / kActBlock);
-    const bool one = args.n == 1;
-    p.piece_units = int32_t(std::min<int64_t>(one ? kPieceUnitsOne : kPieceUnitsGroup, plan.cols / 32));
-    p.token_group = one ? 1 : kMaxTokenGroup;
-    const size_t smem = size_t(row_kernel_smem(p.piece_units, one ? 1 : kMaxTokenGroup, p.token_group));
-    using Bf16 = __nv_bfloat16;
-    auto* kernel = args.x_bf16 ? (one ? gemv_rows_q8_0_kernel<Bf16, 1> : gemv_rows_q8_0_kernel<Bf16, kMaxTokenGroup>)
-                               : (one ? gemv_rows_q8_0_kernel<float, 1> : gemv_rows_q8_0_kernel<float, kMaxTokenGroup>);
-    check(allow_max_dynamic_smem(kernel), "raising the GEMV row kernel's shared memory limit");
-    const dim3 grid(unsigned((plan.rows + kRowWarps - 1) / kRowWarps));
-    check(launch_overlapped(kernel, grid, dim3(kRowWarps * 32), smem, stream, p), "launching the GEMV row kernel");
-    return;
-  }
   GemvParams p{};
   p.weights = static_cast<const uint8_t*>(args.weights);
   p.x = args.x;

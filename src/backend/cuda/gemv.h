@@ -8,9 +8,7 @@
 // (block_dot.cuh). CPU twin: quant::quantize_activations_q8 + quant::dot_q8; the tests compare with
 // a float64 dot of the reference dequantizer's weights and those rounded activations.
 //
-// Work split, Q8_0 rows of a multiple of 256 weights: a block of 8 warps takes 8 whole rows, one per
-// warp (the row kernel); the K-chunks below then only fix where the chain restarts. Other formats
-// and widths: a block of 4 warps takes 16 rows; each warp stages 4 rows (one K-chunk of them) in
+// Work split: a block of 4 warps takes 16 rows; each warp stages 4 rows (one K-chunk of them) in
 // shared memory with coalesced 16-byte copies, the block rounds a group of tokens' activations of
 // that chunk into shared memory, then each warp dots its rows with them. When the rows
 // alone give too few blocks to fill the GPU, K is split into chunks whose partial sums the last
@@ -34,7 +32,6 @@ struct GemvPlan {
   int32_t k_splits = 1;       // chunks per row
   int64_t row_tiles = 0;      // blocks of 16 rows
   bool mmq = false;           // calls of kMmqMinTokens or more run on int8 tensor cores (mmq.cuh)
-  bool row_kernel = false;    // decode calls run the one-warp-per-row Q8_0 kernel (no split-K workspace)
   int64_t workspace_bytes = 0;  // device bytes gemv() needs (0: none)
 };
 

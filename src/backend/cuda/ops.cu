@@ -1428,18 +1428,16 @@ __global__ void route_topk_kernel(const float* logits, int64_t n_experts, int64_
 // route_topk_kernel for at most 32 * kPer experts, the probabilities in registers (lane l holds
 // experts l, l + 32, ...): the same arithmetic in the same order, without the shared-memory round
 // trips between the k rounds.
-// Token t's top-k from its logits l (n_experts <= 32 * kPer), the probabilities in registers
-// (lane l holds experts l, l + 32, ...): route_topk_kernel's arithmetic in the same order, without
-// the shared-memory round trips between the k rounds. One warp; kFresh: the logits were written by
-// other blocks of this grid (read past L1).
-template <int kPer, bool kFresh>
-__device__ __forceinline__ void route_topk_token(const float* l, int64_t t, int32_t n_experts, int32_t k,
-                                                 bool renormalise, int32_t* ids, float* weights, const RouteShare& share,
-                                                 int lane) {
+template <int kPer>
+__global__ void route_topk_regs_kernel(const float* logits, int32_t n_experts, int32_t k, bool renormalise, int32_t* ids,
+                                       float* weights, RouteShare share) {
+  overlap_prologue();
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x;
+  const float* l = logits + t * n_experts;
   float pr[kPer];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i)
-    pr[i] = lane + 32 * i < n_experts ? (kFresh ? __ldcg(l + lane + 32 * i) : l[lane + 32 * i]) : -INFINITY;
+  for (int i = 0; i < kPer; ++i) pr[i] = lane + 32 * i < n_experts ? l[lane + 32 * i] : -INFINITY;
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) mx = fmaxf(mx, pr[i]);
@@ -1497,14 +1495,6 @@ __device__ __forceinline__ void route_topk_token(const float* l, int64_t t, int3
     if (renormalise)
       for (int32_t j = 8; j < k; ++j) weights[t * k + j] = __fdiv_rn(weights[t * k + j], top_sum);
   }
-}
-
-template <int kPer>
-__global__ void route_topk_regs_kernel(const float* logits, int32_t n_experts, int32_t k, bool renormalise, int32_t* ids,
-                                       float* weights, RouteShare share) {
-  overlap_prologue();
-  route_topk_token<kPer, false>(logits + int64_t(blockIdx.x) * n_experts, blockIdx.x, n_experts, k, renormalise, ids,
-                                weights, share, int(threadIdx.x));
 }
 
 // ---- elementwise -----------------------------------------------------------------------------------
@@ -1618,10 +1608,9 @@ __device__ __forceinline__ void load_x(const float* p, float out[kVec]) {
   }
 }
 
-// One block: row blockIdx.x of y for the token group blockIdx.y (matmul_float_kernel, router_topk_kernel).
 template <class W, int kVec>
-__device__ __forceinline__ void matmul_float_block(const W* w, int64_t rows, int64_t cols, const float* x, int64_t n,
-                                                   const float* bias, float* y) {
+__global__ void __launch_bounds__(kBlock) matmul_float_kernel(const W* w, int64_t rows, int64_t cols, const float* x,
+                                                              int64_t n, const float* bias, float* y) {
   constexpr int64_t kPass = int64_t(kBlock) * kVec, kChunk = kPass * kFloatPrefetch;
   __shared__ float part[kWarpsPerBlock][kTokenGroup];
   const int64_t row = blockIdx.x, t0 = int64_t(blockIdx.y) * kTokenGroup;
@@ -1671,31 +1660,6 @@ __device__ __forceinline__ void matmul_float_block(const W* w, int64_t rows, int
     if (bias) s = __fadd_rn(s, bias[row]);
     y[(t0 + t) * rows + row] = s;
   }
-}
-
-template <class W, int kVec>
-__global__ void __launch_bounds__(kBlock) matmul_float_kernel(const W* w, int64_t rows, int64_t cols, const float* x,
-                                                              int64_t n, const float* bias, float* y) {
-  matmul_float_block<W, kVec>(w, rows, cols, x, n, bias, y);
-}
-
-// The router's logits and its top-k in one launch (decode: n <= kTokenGroup): the float matmul's
-// blocks, then the last block to finish takes each token's top-k (a warp per token) from the
-// logits the others wrote. Same bits as matmul_float + route_topk: the same code in the same order.
-template <class W, int kVec, int kPer>
-__global__ void __launch_bounds__(kBlock) router_topk_kernel(RouterTopkArgs a) {
-  __shared__ bool last_block;
-  matmul_float_block<W, kVec>(static_cast<const W*>(a.w), a.n_experts, a.cols, a.x, a.n, a.bias, a.logits);
-  __threadfence();  // this block's logits are visible before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(a.counter, 1) == int(gridDim.x) - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
-  for (int64_t t = threadIdx.x / 32; t < a.n; t += kWarpsPerBlock)
-    route_topk_token<kPer, true>(a.logits + t * a.n_experts, t, int32_t(a.n_experts), int32_t(a.k), a.renormalise,
-                                 a.ids, a.weights, a.share, int(threadIdx.x % 32));
-  if (threadIdx.x == 0) *a.counter = 0;  // ready for the next launch
 }
 
 // Many tokens (prefill): a block takes kFloatRows rows x kTokenGroup tokens, so each weight vector
@@ -2083,34 +2047,6 @@ void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bo
   else
     launch("launching the router kernel", route_topk_kernel, grid, dim3(32), size_t(n_experts) * sizeof(float), stream,
            logits, n_experts, k, renormalise, ids, weights, share);
-}
-
-bool router_topk_fused(DType type, int64_t n, int64_t n_experts) {
-  return matmul_float_supported(type) && n >= 1 && n <= kTokenGroup && n_experts >= 1 && n_experts <= 256;
-}
-
-void router_topk(const RouterTopkArgs& a, cudaStream_t stream) {
-  if (!router_topk_fused(a.type, a.n, a.n_experts))
-    throw_error("router: the fused router takes float weights, 1 to " + str(kTokenGroup) + " tokens and at most 256 "
-                "experts (internal error: call matmul_float + route_topk)");
-  if (a.k <= 0 || a.k > a.n_experts || a.cols <= 0 || a.counter == nullptr)
-    throw_error("router: bad fused router call (top-" + str(a.k) + " of " + str(a.n_experts) + ", " + str(a.cols) +
-                " columns)");
-  if ((a.share.ids == nullptr) != (a.share.owned == nullptr))
-    throw_error("router: a GPU's share of the experts needs both its owned mask and its ids (internal error)");
-  const bool aligned = ((reinterpret_cast<uintptr_t>(a.w) | reinterpret_cast<uintptr_t>(a.x)) & 15) == 0;
-  dispatch_float_type(a.type, "router", [&](auto tag) {
-    using W = decltype(tag);
-    constexpr int kVec = int(16 / sizeof(W));
-    const bool vec = aligned && a.cols % kVec == 0;  // as matmul_float chooses
-    const dim3 grid(grid_dim(a.n_experts, "router"));
-    if (a.n_experts <= 128)
-      launch("launching the router kernel", vec ? router_topk_kernel<W, kVec, 4> : router_topk_kernel<W, 1, 4>, grid,
-             dim3(kBlock), 0, stream, a);
-    else
-      launch("launching the router kernel", vec ? router_topk_kernel<W, kVec, 8> : router_topk_kernel<W, 1, 8>, grid,
-             dim3(kBlock), 0, stream, a);
-  });
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, int64_t width, float* out, cudaStream_t stream) {

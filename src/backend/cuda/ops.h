@@ -175,27 +175,6 @@ struct RouteShare {
 void route_topk(const float* logits, int64_t n, int64_t n_experts, int64_t k, bool renormalise, int32_t* ids,
                 float* weights, cudaStream_t stream, RouteShare share = {});
 
-// The router's float matmul and the top-k above in one launch, for decode steps (router_topk_fused:
-// float weights, n <= 8 tokens, at most 256 experts); the same bits as matmul_float + route_topk.
-// counter: one device int, zero before the first call (each call leaves it zero).
-struct RouterTopkArgs {
-  const void* w = nullptr;  // [n_experts, cols] of `type`
-  DType type = DType::F32;
-  int64_t n_experts = 0, cols = 0;
-  const float* x = nullptr;  // [n, cols]
-  int64_t n = 0;
-  const float* bias = nullptr;  // [n_experts] or null
-  float* logits = nullptr;      // [n, n_experts]
-  int64_t k = 0;
-  bool renormalise = false;
-  int32_t* ids = nullptr;
-  float* weights = nullptr;
-  RouteShare share{};
-  int32_t* counter = nullptr;
-};
-bool router_topk_fused(DType type, int64_t n, int64_t n_experts);
-void router_topk(const RouterTopkArgs& args, cudaStream_t stream);
-
 // ---- SiLU * up (twin: cpu::swiglu_mlp's middle) ---------------------------------------------------
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, width + i] (gate and up side by side, ld = 2 width)
 // when up == null; else silu(gate[t, i]) * up[t, i] with both [n, width].
