@@ -968,7 +968,7 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 w, float scale) {
 // is the BF16 cache's, so the bits are those of the BF16 kernel over a cache of those values.
 template <int D, bool kShare, bool kFp8>
 __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(AttentionArgs a, int32_t n_parts_grid, int32_t kHeads,
-                                                               int32_t share_tokens, int32_t prefetch_tiles) {
+                                                               int32_t share_tokens) {
   const int32_t kTokens = kShare ? share_tokens : 1;  // a decode step's build keeps one token's code
   constexpr int kSteps = D / 16;    // k steps of Q K^T
   constexpr int kWords = D / 32;    // 16-byte words of a K row per lane and position
@@ -1058,8 +1058,13 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
     for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
     for (int32_t tile = pb + warp * kMmaTile; tile < p_end_max; tile += kWarpsPerBlock * kMmaTile) {
-      auto slot_of = [&](int32_t p) { return int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size; };
-      auto row_of = [&](int32_t p) { return slot_of(p) * row_elems; };
+      // Lane r looks up position tile + r's cache slot: one block-table load and one division per
+      // lane and tile. Every K and V load below takes its row's slot from that lane by shuffle (a
+      // lane's loads cover up to 20 positions, each of which once cost its own lookup on the chain).
+      const int32_t p_lane = tile + lane;
+      const int64_t slot_lane =
+          p_lane < p_end_max ? int64_t(table[p_lane / a.block_size]) * a.block_size + p_lane % a.block_size : 0;
+      auto row_at = [&](int r) { return __shfl_sync(0xffffffffu, slot_lane, r) * row_elems; };
       // V rows of the tile into shared memory (zeros past the pass), in flight during Q K^T. FP8:
       // the bytes into v_raw, and lane r holds row r's scale.
       __syncwarp();  // the previous tile's ldmatrix reads are done
@@ -1068,20 +1073,19 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
         constexpr int kRowBytes = kFp8 ? D : 2 * D;
         constexpr int kChunks = kRowBytes / 16;  // 16-byte pieces per row
         const unsigned base = unsigned(__cvta_generic_to_shared(kFp8 ? v_raw : v_tile));
+        static_assert(kMmaTile * kChunks % 32 == 0, "every lane takes the loop's shuffles");
 #pragma unroll 4
         for (int i = lane; i < kMmaTile * kChunks; i += 32) {
           const int r = i / kChunks, c = i % kChunks;
-          const int32_t p = tile + r;
-          const bool live = p < p_end_max;
-          const Elem* src = vc + (live ? row_of(p) : 0) + (16 / sizeof(Elem)) * c;
+          const bool live = tile + r < p_end_max;
+          const Elem* src = vc + row_at(r) + (16 / sizeof(Elem)) * c;  // a dead row: slot 0, nothing read
           const int dst = kFp8 ? r * D + 16 * c : r * mma_v_row_bytes(D) + 16 * c;
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(base + unsigned(dst)),
                        "l"(src), "r"(live ? 16 : 0));
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         if constexpr (kFp8) {
-          const int32_t p = tile + lane;
-          if (p < p_end_max) v_scale_r = vs_col[slot_of(p) * a.n_kv_heads];
+          if (p_lane < p_end_max) v_scale_r = vs_col[slot_lane * a.n_kv_heads];
         }
       }
       // S = Q K^T for the tile's four n tiles of 8 positions; lane holds positions 2 tq, 2 tq + 1 of each.
@@ -1092,9 +1096,8 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
         float ks[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int32_t p = tile + 8 * j + g;
-          const bool live = p < p_end_max;
-          const int64_t slot = live ? slot_of(p) : 0;
+          const bool live = tile + 8 * j + g < p_end_max;
+          const int64_t slot = __shfl_sync(0xffffffffu, slot_lane, 8 * j + g);
           const uint2* k2 = reinterpret_cast<const uint2*>(kc + slot * row_elems);
           ks[j] = live ? ks_col[slot * a.n_kv_heads] : 0.0f;
 #pragma unroll
@@ -1107,29 +1110,10 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
       } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int32_t p = tile + 8 * j + g;
-          const bool live = p < p_end_max;
-          const uint4* k4 = reinterpret_cast<const uint4*>(kc + (live ? row_of(p) : 0));
+          const bool live = tile + 8 * j + g < p_end_max;
+          const uint4* k4 = reinterpret_cast<const uint4*>(kc + row_at(8 * j + g));
 #pragma unroll
           for (int m = 0; m < kWords; ++m) kw[j][m] = live ? k4[tq + 4 * m] : make_uint4(0, 0, 0, 0);
-        }
-      }
-      // This warp's next tiles' K and V rows towards L2 while this one computes (a warp takes a tile,
-      // then waits for it: without this, HBM idles through each tile's products and softmax). Lane r
-      // asks for position r of each of the next `prefetch_tiles` tiles; a hint, so the bits are unchanged.
-      // The decode build only: a prompt's blocks are many and share each tile among tokens, and the
-      // prompt build has no registers to spare.
-      for (int ahead = 1; !kShare && ahead <= prefetch_tiles; ++ahead) {
-        const int32_t p = tile + ahead * kWarpsPerBlock * kMmaTile + lane;
-        if (p < p_end_max) {
-          constexpr int kLineElems = 128 / sizeof(Elem);
-          const Elem* kr = kc + row_of(p);
-          const Elem* vr = vc + row_of(p);
-#pragma unroll
-          for (int e = 0; e < D; e += kLineElems) {
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kr + e));
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vr + e));
-          }
         }
       }
       float sc[4][4];
@@ -1942,14 +1926,6 @@ bool kv_fp8_supported(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
   return mma_heads_for(n_heads, n_kv_heads, head_dim) > 0;
 }
 
-// Tiles ahead whose K and V the tensor-core kernel's decode warps ask L2 for: SPILL_CUDA_ATTN_PREFETCH=N
-// (0 to 4; the bits are the same for every N). Off unless set: measured on an H100 it does not pay
-// (docs/perf/kv-fp8-2026-12-07.md); branch attention-rows-by-shuffle removes it.
-static int32_t attention_prefetch_tiles() {
-  static const int32_t tiles = int32_t(env_int("SPILL_CUDA_ATTN_PREFETCH", 0, 0, 4));
-  return tiles;
-}
-
 int attention_launches(int32_t max_positions) { return attention_grid_parts(max_positions) > 1 ? 2 : 1; }
 
 void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
@@ -1976,7 +1952,7 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
       check(allow_max_dynamic_smem(kernel),
             "raising the attention kernel's shared memory limit");
       launch("launching the attention kernel", kernel, grid, dim3(kBlock), size_t(smem), stream, a, parts, int32_t(heads),
-             tokens, attention_prefetch_tiles());
+             tokens);
     };
     auto by_dim = [&](auto fp8_tag) {
       constexpr bool kFp8 = decltype(fp8_tag)::value;
