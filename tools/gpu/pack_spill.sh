@@ -28,6 +28,8 @@ done
 if [ $TESTS -eq 1 ] && [ -n "${BASE_BENCH:-}" ]; then strip -o .carry/bin/cuda_decode_bench_base "$BASE_BENCH"; fi
 # BASE_MOE_BENCH=path: the base commit's cuda_moe_bench, as cuda_moe_bench_base (tools/gpu/decode_chains_round.sh).
 if [ $TESTS -eq 1 ] && [ -n "${BASE_MOE_BENCH:-}" ]; then strip -o .carry/bin/cuda_moe_bench_base "$BASE_MOE_BENCH"; fi
+# EXTRA_BINS="name=path ...": more builds to compare (e.g. cuda_decode_bench_mid=/tmp/wt/build/cuda_decode_bench).
+for pair in ${EXTRA_BINS:-}; do strip -o ".carry/bin/${pair%%=*}" "${pair#*=}"; done
 if [ $TESTS -eq 1 ]; then
   # xz -9: a 64 MiB dictionary spans the binaries, whose device code is mostly the same bytes (23 -> 10 MB)
   tar -C .carry -cf - bin lib | xz -9 -T2 > .carry/pack.tar.xz

@@ -671,25 +671,7 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
   float acc = 0.0f;  // lane v < V: the chain of output v = (row v / NT, token v % NT)
   const int units = k_len / U::kBlockElems * U::kUnitsPerBlock;
   const int passes = (units + 31) / 32;
-  // Rows of at most 16 units (a MoE down row of 768 Q4_K weights has 12) would leave most lanes
-  // idle while a lane decodes its unit of all four rows one after another: there the lanes take
-  // (row, unit) items instead, the four rows' units spread over the whole warp (48 items: two
-  // decodes on the longest lane instead of four). The sums land where they would have, so the
-  // chains below and the bits are the same.
-  const bool short_rows = NT == 1 && units <= 16;
   const int own_token = lane % NT;
-  // One token (NT = 1): a pass's 4 outputs x (at most 8) activation blocks are one (output, block)
-  // item per lane, so the blocks' values are made side by side, and each lane then runs its output's
-  // fma chain over them by shuffle (the lanes of an output hold the same chain; the one with
-  // block 0 emits it). With more tokens, lane v < kRowsPerWarp * NT makes output v's values itself.
-  constexpr int kPer = units_per_act_block<U>();  // 4 or 8: a pass holds 32 / kPer whole blocks
-  constexpr int kBlocksPerPass = 32 / kPer;
-  static_assert(kRowsPerWarp * kBlocksPerPass <= 32, "one (output, block) item per lane");
-  const int item_out = lane / kBlocksPerPass, item_block = lane % kBlocksPerPass;
-  const uint8_t* item_row = staged[0];  // staged[item_out] without indexing the array at run time
-#pragma unroll
-  for (int r = 1; r < kRowsPerWarp; ++r)
-    if (item_out == r) item_row = staged[r];
   // The owner's row, for the block scales (kInt).
   const uint8_t* own_row = staged[0];
 #pragma unroll
@@ -697,36 +679,19 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
     if (lane / NT == r) own_row = staged[r];
   for (int pass = 0; pass < passes; ++pass) {
     if (parts_to_wait) wait_staged_part(pass, parts_to_wait, later_groups);
-    // Output v's sums for unit `col` of the pass, straight to the scratch: S (or the float value's
-    // bits), M.
-    auto put = [&](int v, int col, const U& unit, const uint32_t (&x)[U::kXWords], const int32_t (&s8)[U::kSumWords]) {
-      if constexpr (kInt) {
-        chain_s[v * kChainStride + col] = unit.dot(x);
-        if constexpr (U::kHasMin) chain_m[v * kChainStride + col] = unit.min_dot(s8);
-      } else {
-        chain_s[v * kChainStride + col] = __float_as_int(unit_value(unit, x));
-      }
-    };
     const int u = pass * 32 + lane;
-    if (short_rows) {  // one pass: units <= 16
-      for (int item = lane; item < kRowsPerWarp * units; item += 32) {
-        const int r = item / units, su = item % units;
-        const uint8_t* row = staged[0];  // staged[r] without indexing the array at run time
-#pragma unroll
-        for (int rr = 1; rr < kRowsPerWarp; ++rr)
-          if (r == rr) row = staged[rr];
-        const int block = su / U::kUnitsPerBlock, slot = su % U::kUnitsPerBlock;
-        uint32_t x[U::kXWords];
-        int32_t s8[U::kSumWords] = {};
-        float dx;
-        load_unit_x<U>(xq, 0, block * U::kBlockElems, slot, x, s8, dx);
-        U unit;
-        unit.load(row + block * U::kBlockBytes, slot);
-        put(r, su, unit, x, s8);
-      }
-    } else if (u < units) {
+    if (u < units) {
       const int block = u / U::kUnitsPerBlock, slot = u % U::kUnitsPerBlock;
       const int x0 = block * U::kBlockElems;
+      // Output v's sums for this unit, straight to the scratch: S (or the float value's bits), M.
+      auto put = [&](int v, const U& unit, const uint32_t (&x)[U::kXWords], const int32_t (&s8)[U::kSumWords]) {
+        if constexpr (kInt) {
+          chain_s[v * kChainStride + lane] = unit.dot(x);
+          if constexpr (U::kHasMin) chain_m[v * kChainStride + lane] = unit.min_dot(s8);
+        } else {
+          chain_s[v * kChainStride + lane] = __float_as_int(unit_value(unit, x));
+        }
+      };
       if constexpr (NT == 1) {
         // One token: its activations for this unit once, then the rows one after another.
         uint32_t x[U::kXWords];
@@ -737,7 +702,7 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
         for (int r = 0; r < kRowsPerWarp; ++r) {
           U unit;
           unit.load(staged[r] + block * U::kBlockBytes, slot);
-          put(r, lane, unit, x, s8);
+          put(r, unit, x, s8);
         }
       } else {
 #pragma unroll
@@ -753,46 +718,15 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
               float dx;
               load_unit_x<U>(xq, t, x0, slot, x, s8, dx);
 #pragma unroll
-              for (int r = 0; r < RB; ++r) put((r0 + r) * NT + t, lane, unit[r], x, s8);
+              for (int r = 0; r < RB; ++r) put((r0 + r) * NT + t, unit[r], x, s8);
             }
           }
         }
       }
     }
     __syncwarp();
-    if constexpr (NT == 1) {
-      const int in_pass = min(32, units - pass * 32);
-      float value = 0.0f;
-      if (item_out < kRowsPerWarp && item_block * kPer < in_pass) {
-        const int at = item_out * kChainStride + item_block * kPer;  // 16-byte aligned: kPer is 4 or 8
-        if constexpr (kInt) {
-          int32_t S = 0, M = 0;
-#pragma unroll
-          for (int j = 0; j < kPer; j += 4) {
-            const int4 q = *reinterpret_cast<const int4*>(chain_s + at + j);
-            S += q.x + q.y + q.z + q.w;
-            if constexpr (U::kHasMin) {
-              const int4 m = *reinterpret_cast<const int4*>(chain_m + at + j);
-              M += m.x + m.y + m.z + m.w;
-            }
-          }
-          float bd, bdmin;
-          U::block_scales(item_row + (pass * kBlocksPerPass + item_block) * U::kBlockBytes, bd, bdmin);
-          value = block_value<U>(bd, bdmin, S, M);
-        } else {
-          value = __int_as_float(chain_s[at]);
-#pragma unroll
-          for (int j = 1; j < kPer; ++j)
-            if (item_block * kPer + j < in_pass) value = __fadd_rn(value, __int_as_float(chain_s[at + j]));
-        }
-      }
-      const float* d = xq.d + pass * kBlocksPerPass;
-#pragma unroll
-      for (int b = 0; b < kBlocksPerPass; ++b) {
-        const float f = __shfl_sync(0xffffffffu, value, (item_out * kBlocksPerPass + b) & 31);
-        if (b * kPer < in_pass) acc = __fmaf_rn(d[b], f, acc);
-      }
-    } else if (lane < V && own_token < tokens) {
+    if (lane < V && own_token < tokens) {
+      constexpr int kPer = units_per_act_block<U>();  // 4 or 8: a pass holds 32 / kPer whole blocks
       const int32_t* row = chain_s + lane * kChainStride;
       const int32_t* mrow = chain_m + lane * kChainStride;
       const float* d = xq.d + own_token * xq.d_stride + pass * (32 / kPer);
@@ -832,11 +766,7 @@ __device__ __forceinline__ void warp_dot_q8(const uint8_t* const staged[kRowsPer
     }
     __syncwarp();  // the chain row is read before the next pass overwrites it
   }
-  if constexpr (NT == 1) {
-    if (item_out < kRowsPerWarp && item_block == 0) emit(item_out, 0, acc);
-  } else if (lane < V && own_token < tokens) {
-    emit(lane / NT, own_token, acc);
-  }
+  if (lane < V && own_token < tokens) emit(lane / NT, own_token, acc);
 }
 
 // Runs warp_dot_q8 over `tokens` tokens of a group NT at a time (tokens <= kMaxTokenGroup).
