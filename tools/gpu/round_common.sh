@@ -2,9 +2,13 @@
 # the build that `tools/gpu/pack_spill.sh --tests` packed (once per machine), sets B (its binaries) and
 # the libraries' path, and gives stamp (seconds since the start) and budget N (seconds a stage may take:
 # N, or what is left of ROUND_SECONDS, default 590, so that a stage is cut rather than the call).
+# On exit the logs under $OUT go into one $OUT/logs.tar.gz: a device call brings back only a few
+# files, and a round writes dozens (tar -xzf logs.tar.gz where they land).
 set -uo pipefail
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
+bundle_logs() { (cd "$OUT" && ls ./*.txt > /dev/null 2>&1 && tar -czf logs.tar.gz ./*.txt && rm -f ./*.txt); }
+trap bundle_logs EXIT
 [ -x .carry/bin/spill_tests ] || { [ -f .carry/pack.tar.xz ] && tar -C .carry -xJf .carry/pack.tar.xz; }
 B=.carry/bin
 export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
