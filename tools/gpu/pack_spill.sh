@@ -26,7 +26,7 @@ done
 # BASE_BENCH=path: a cuda_decode_bench built from the base commit goes too, as cuda_decode_bench_base,
 # for rounds that alternate base and new in one call (tools/gpu/attention_rows_round.sh).
 if [ $TESTS -eq 1 ] && [ -n "${BASE_BENCH:-}" ]; then strip -o .carry/bin/cuda_decode_bench_base "$BASE_BENCH"; fi
-# BASE_MOE_BENCH=path: the base commit's cuda_moe_bench, as cuda_moe_bench_base (tools/gpu/decode_chains_round.sh).
+# BASE_MOE_BENCH=path: the base commit's cuda_moe_bench, as cuda_moe_bench_base (tools/gpu/variants_round.sh).
 if [ $TESTS -eq 1 ] && [ -n "${BASE_MOE_BENCH:-}" ]; then strip -o .carry/bin/cuda_moe_bench_base "$BASE_MOE_BENCH"; fi
 # EXTRA_BINS="name=path ...": more builds to compare (e.g. cuda_decode_bench_mid=/tmp/wt/build/cuda_decode_bench).
 for pair in ${EXTRA_BINS:-}; do strip -o ".carry/bin/${pair%%=*}" "${pair#*=}"; done
