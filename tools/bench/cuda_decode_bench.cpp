@@ -10,10 +10,12 @@
 //
 // Usage: cuda_decode_bench [--shape s30.json] [--quant MIX] [--batches 1,4,8] [--context N]
 //                          [--steps N] [--ceiling GBps] [--layers N]
-//                          [--host-share F | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
+//                          [--host-share F | --host-layers N | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
 //                          [--expert-cache-mem BYTES] [--no-staging]
 //                          [--routing-skew zipf:S]
 //                          [--warmup N] [--expert-parallel G] [--kv-format bf16|fp8|f32]
+// --host-layers N: every routed expert of the first N MoE layers in host RAM, the rest in VRAM (the
+// placement llama.cpp's --n-cpu-moe N gives its CPU, for a side-by-side on the same bytes).
 // With host experts, the host bytes each step read are also measured (the runner's expert
 // traffic counters) beside the prediction from the observed step's routing; with the expert cache,
 // --warmup decode steps (default 300) run before the timed ones, so the cache has filled.
@@ -59,6 +61,7 @@ struct Args {
   bool graphs = true;
   bool host_logits = false;
   double host_share = 0;  // > 0: this share of every MoE layer's experts in host RAM (a uniform plan)
+  int host_layers = 0;    // > 0: every expert of the first N MoE layers in host RAM
   std::string plan;       // a placement plan file (spill plan --out) instead
   int expert_parallel = 0;  // --expert-parallel G: the plan's experts spread over cuda:0..G-1 (expert e on e % G)
   std::string gpu_mem;    // --gpu-mem: plan at start-up as spill serve does (the fit report is printed)
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
     if (f == "--shape") a.shape = next();
     else if (f == "--model") a.model = next();
     else if (f == "--host-share") a.host_share = std::atof(next().c_str());
+    else if (f == "--host-layers") a.host_layers = std::atoi(next().c_str());
     else if (f == "--plan") a.plan = next();
     else if (f == "--expert-parallel") a.expert_parallel = std::atoi(next().c_str());
     else if (f == "--expert-cache-mem") a.cache_mem = next();
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
       std::string item;
       while (std::getline(ss, item, ',')) a.batches.push_back(std::atoi(item.c_str()));
     } else {
-      std::fprintf(stderr, "usage: %s [--shape F | --model FILE.gguf] [--quant MIX] [--host-share X | --plan FILE] [--batches 1,4,8] [--context N] [--prefill-chunk N] [--steps N] "
+      std::fprintf(stderr, "usage: %s [--shape F | --model FILE.gguf] [--quant MIX] [--host-share X | --host-layers N | --plan FILE] [--batches 1,4,8] [--context N] [--prefill-chunk N] [--steps N] "
                            "[--ceiling GBps] [--layers N] [--profile] [--no-graphs] [--host-logits]\n", argv[0]);
       return 2;
     }
@@ -174,6 +178,22 @@ int main(int argc, char** argv) {
     config.stage_host_experts = a.staging;
     if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
     else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
+    else if (a.host_layers > 0) {
+      offload::PlacementPlan plan = offload::uniform_plan_for(*model, 0.0, 1);
+      int placed = 0;
+      for (offload::PlannedLayer& pl : plan.layers) {
+        if (!pl.moe || placed == a.host_layers) continue;
+        pl.host.clear();
+        for (int64_t e = 0; e < pl.experts; ++e) pl.host.push_back(int32_t(e));
+        ++placed;
+      }
+      if (placed < a.host_layers) fail("--host-layers {}: the model has {} MoE layers", a.host_layers, placed);
+      plan.where = "the experts of the first " + std::to_string(a.host_layers) + " MoE layers in host RAM";
+      plan.host_experts = 0;
+      for (const offload::PlannedLayer& pl : plan.layers) plan.host_experts += int64_t(pl.host.size());
+      plan.host_bytes = plan.host_expert_bytes();
+      config.expert_plan = std::move(plan);
+    }
     else if (!a.gpu_mem.empty()) {
       offload::StartupPlacement flags_mem{
           .gpu_mem = a.gpu_mem, .host_experts = a.host_experts, .expert_cache_mem = a.cache_mem};

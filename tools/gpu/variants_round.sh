@@ -5,7 +5,10 @@
 # for base and new (when the base's is packed), then S30 decode in graphs alternating the cuda_decode_bench
 # builds named in VARIANTS (default: base, new): 8 layers at each of CONTEXTS (default 512) at batches 1, 4,
 # 8, REPS times; 8 layers at context LONG (default 32768, none to skip) at batch 1; all 48 layers at batch
-# 1 and 8. Logs under $OUT (logs.tar.gz).
+# 1 and 8. Logs under $OUT (logs.tar.gz). A variant may set the environment of its run: NAME=VALUE+binary
+# (e.g. SPILL_GEMV_BULK=0+cuda_decode_bench); MOE_VARIANTS (default: cuda_moe_bench_base cuda_moe_bench)
+# names the cuda_moe_bench runs the same way. DECODE=none skips the decode runs, and TESTS=none plus
+# SAN=none the checks, so that one round's checks and another's timings fit the per-call limit.
 #   usage (repo root, device): VARIANTS="cuda_decode_bench_base cuda_decode_bench_mid cuda_decode_bench" \
 #                              CONTEXTS="512 4096" tools/gpu/variants_round.sh      carry: [".carry/pack.tar.xz"]
 cd "$(dirname "$0")/../.."
@@ -20,21 +23,27 @@ if [ "${TESTS:-}" != none ]; then
     > "$OUT/memcheck.txt" 2>&1
   echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
 fi
-timeout $(budget 150) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests --gtest_filter="$SAN" \
-  > "$OUT/racecheck.txt" 2>&1
-echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
-for b in cuda_moe_bench_base cuda_moe_bench; do
-  [ -x $B/$b ] || continue
-  timeout $(budget 40) $B/$b --shape s30 --no-host --reps 200 > "$OUT/moe-$b.txt" 2>&1
+if [ "$SAN" != none ]; then
+  timeout $(budget 150) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests --gtest_filter="$SAN" \
+    > "$OUT/racecheck.txt" 2>&1
+  echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
+fi
+# variant_cmd V: the command line of variant V (NAME=VALUE+binary: the binary under that environment).
+variant_cmd() { case "$1" in *+*) echo "env ${1%%+*} $B/${1#*+}" ;; *) echo "$B/$1" ;; esac; }
+variant_tag() { echo "$1" | tr '=+' '-_'; }
+for b in ${MOE_VARIANTS:-cuda_moe_bench_base cuda_moe_bench}; do
+  [ -x $B/${b#*+} ] || continue
+  timeout $(budget 40) $(variant_cmd $b) --shape s30 --no-host --reps 200 > "$OUT/moe-$(variant_tag $b).txt" 2>&1
   echo "== GEMV and MoE tables, $b: rc=$?"
-  grep -E "^S30" "$OUT/moe-$b.txt" | awk '$7==1 || $7==4 || $7==8'
-  grep -E "^[0-9]+ -> " "$OUT/moe-$b.txt" | awk '$4==1 || $4==8'
+  grep -E "^S30" "$OUT/moe-$(variant_tag $b).txt" | awk '$7==1 || $7==4 || $7==8'
+  grep -E "^[0-9]+ -> " "$OUT/moe-$(variant_tag $b).txt" | awk '$4==1 || $4==8'
 done
 stamp
-run() {  # name binary layers context batches
-  timeout $(budget 40) $B/$2 --shape tests/data/shapes/s30.json --layers $3 --batches $5 --context $4 --steps 30 \
-    --prefill-chunk 4096 > "$OUT/$1.txt" 2>&1
-  echo "== $1: rc=$?"; grep -E "^ +[0-9]+ |prefill of" "$OUT/$1.txt" | head -4
+[ "${DECODE:-}" = none ] && exit 0
+run() {  # name variant layers context batches
+  timeout $(budget 40) $(variant_cmd $2) --shape tests/data/shapes/s30.json --layers $3 --batches $5 --context $4 \
+    --steps 30 --prefill-chunk 4096 > "$OUT/$(variant_tag $1).txt" 2>&1
+  echo "== $1: rc=$?"; grep -E "^ +[0-9]+ |prefill of" "$OUT/$(variant_tag $1).txt" | head -4
 }
 for rep in $(seq 1 ${REPS:-2}); do
   for ctx in ${CONTEXTS:-512}; do
