@@ -6,7 +6,7 @@
 # builds named in VARIANTS (default: base, new): 8 layers at each of CONTEXTS (default 512) at batches 1, 4,
 # 8, REPS times; 8 layers at context LONG (default 32768, none to skip) at batch 1; all 48 layers at batch
 # 1 and 8. Logs under $OUT (logs.tar.gz). A variant may set the environment of its run: NAME=VALUE+binary
-# (e.g. SPILL_GEMV_BULK=0+cuda_decode_bench); MOE_VARIANTS (default: cuda_moe_bench_base cuda_moe_bench)
+# (e.g. SPILL_GEMV_BULK=0,SPILL_MOE_BULK=0+cuda_decode_bench); MOE_VARIANTS (default: cuda_moe_bench_base cuda_moe_bench)
 # names the cuda_moe_bench runs the same way. DECODE=none skips the decode runs, and TESTS=none plus
 # SAN=none the checks, so that one round's checks and another's timings fit the per-call limit.
 #   usage (repo root, device): VARIANTS="cuda_decode_bench_base cuda_decode_bench_mid cuda_decode_bench" \
@@ -17,7 +17,9 @@ VARIANTS="${VARIANTS:-cuda_decode_bench_base cuda_decode_bench}"
 SAN="${SAN:-CudaOps.AttentionDecodeAndPrefillMatchTheTwin:CudaOps.TensorCore*:CudaMoe.MatchesCpuTwinOverBatchesAndFormats:CudaGemvTest.*}"
 if [ "${TESTS:-}" != none ]; then
   timeout $(budget 120) $B/spill_tests --gtest_filter="${TESTS:-*Cuda*:Fp8*:-*Collectives*}" > "$OUT/tests.txt" 2>&1
-  echo "== tests rc=$?"; stamp
+  rc=$?; echo "== tests rc=$rc"; stamp
+  # A failing (or hanging) build would spend the rest of the call on sanitizers and timings of wrong code.
+  if [ $rc -ne 0 ]; then grep -E "^\[  FAILED|Failure|timeout" "$OUT/tests.txt" | head -20; tail -5 "$OUT/tests.txt"; exit 1; fi
   grep -E "^\[  (FAILED|PASSED) " "$OUT/tests.txt" | head -20; grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -30
   timeout $(budget 90) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests --gtest_filter="$SAN" \
     > "$OUT/memcheck.txt" 2>&1
@@ -29,8 +31,8 @@ if [ "$SAN" != none ]; then
   echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
 fi
 # variant_cmd V: the command line of variant V (NAME=VALUE+binary: the binary under that environment).
-variant_cmd() { case "$1" in *+*) echo "env ${1%%+*} $B/${1#*+}" ;; *) echo "$B/$1" ;; esac; }
-variant_tag() { echo "$1" | tr '=+' '-_'; }
+variant_cmd() { case "$1" in *+*) echo "env $(echo "${1%%+*}" | tr ',' ' ') $B/${1#*+}" ;; *) echo "$B/$1" ;; esac; }
+variant_tag() { echo "$1" | tr '=+,' '-__'; }
 for b in ${MOE_VARIANTS:-cuda_moe_bench_base cuda_moe_bench}; do
   [ -x $B/${b#*+} ] || continue
   timeout $(budget 40) $(variant_cmd $b) --shape s30 --no-host --reps 200 > "$OUT/moe-$(variant_tag $b).txt" 2>&1
