@@ -7,9 +7,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
 #include "gguf_helpers.h"
@@ -416,6 +418,27 @@ TEST(OffloadModel, StartupPlanFitsTheBudgetOrRefusesWithTheFitReport) {
   EXPECT_EQ(half.plan.host_experts, 8);  // half of 2 MoE layers x 8 experts
   EXPECT_EQ(half.plan.host_expert_bytes(), 8 * eb);
   offload::check_plan(half.plan, src);
+
+  // The in-place host read rate measured at start-up prices the plan in place of the nominal 50 GB/s:
+  // the fit report names it, and the same host experts are expected to take longer over a slower link.
+  const offload::StartupPlan slow_link = offload::plan_at_startup(
+      *model, {.gpu_mem = "1G", .host_experts = "50%", .host_read_gbps = 29.9}, 16, 256, 64, 0);
+  EXPECT_EQ(slow_link.plan.host_expert_bytes(), half.plan.host_expert_bytes());
+  EXPECT_NE(half.fit_report.find("in-place host read 50.0 GB/s"), std::string::npos) << half.fit_report;
+  EXPECT_NE(slow_link.fit_report.find("in-place host read 29.9 GB/s"), std::string::npos) << slow_link.fit_report;
+  auto batch_1_row = [](const std::string& report) {
+    // The decode table's batch-1 row: "1", host MiB/token, host experts/step, VRAM GiB/step, bound ms,
+    // bound tok/s, tok/s total, expected ms, expected tok/s.
+    const size_t head = report.find("expected tok/s");
+    std::istringstream row(report.substr(report.find('\n', head) + 1));
+    std::array<double, 9> v{};
+    for (double& x : v) row >> x;
+    return v;
+  };
+  const auto slow = batch_1_row(slow_link.fit_report), nominal = batch_1_row(half.fit_report);
+  EXPECT_EQ(slow[0], 1.0);
+  EXPECT_LT(slow[5], nominal[5]) << "bound tok/s";
+  EXPECT_LT(slow[8], nominal[8]) << "expected tok/s";
 
   // A budget below the model's non-expert weights: refused before anything loads, with the report.
   try {

@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "model/quantize_on_load.h"
 #include "offload/model_experts.h"
+#include "offload/expert_store.h"
 #include "offload/plan_file.h"
 
 namespace spill {
@@ -45,8 +46,20 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
     fail("--plan {} and --gpu-mem / --host-experts / --host-mem both say where the experts go: give one", options.expert_plan);
   if (!options.expert_plan.empty()) config.expert_plan = offload::load_plan(options.expert_plan);
   if (options.placement.requested()) {
+    // The plan is priced at this GPU's own in-place host read rate, not a nominal one: a PCIe Gen4
+    // host carries ~30 GB/s where Gen5 carries ~50, and the fit report's expected speed follows it.
+    offload::StartupPlacement placement = options.placement;
+#ifdef SPILL_HAVE_CUDA
+    if (placement.host_read_gbps <= 0) {
+      const offload::HostReadProbe probe = offload::measure_host_reads(cuda_index);
+      fmt::print(stderr, "[spill] in-place host reads on cuda:{}: {:.1f} GB/s (measured in {:.2f} s{})\n", cuda_index,
+                 probe.gbps, probe.seconds,
+                 probe.numa_node >= 0 ? fmt::format(", NUMA node {}", probe.numa_node) : std::string());
+      placement.host_read_gbps = probe.gbps;
+    }
+#endif
     offload::StartupPlan planned =
-        offload::plan_at_startup(model, options.placement, limits.max_seqs, limits.max_model_len, limits.max_batch_tokens,
+        offload::plan_at_startup(model, placement, limits.max_seqs, limits.max_model_len, limits.max_batch_tokens,
                                  options.kv.bytes, config.kv_format);
     fmt::print(stderr, "[spill] placement at start-up:\n{}", planned.fit_report);
     config.expert_plan = std::move(planned.plan);

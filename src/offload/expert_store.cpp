@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <thread>
 
@@ -215,6 +216,29 @@ std::string ExpertStoreReport::summary() const {
                    mib(before.vm_rss, after.vm_rss), mib(before.rss_anon, after.rss_anon),
                    mib(before.rss_file, after.rss_file), mib(before.vm_lck, after.vm_lck), mib(before.vm_pin, after.vm_pin));
   return s;
+}
+
+HostReadProbe measure_host_reads(int device, int64_t bytes, double seconds) {
+  HostReadProbe probe;
+  probe.numa_node = gpu_numa_node(device);
+  // On its own thread, bound to the GPU's node: the buffer's pages land where host experts will,
+  // and the caller's own placement and policy stay as they were.
+  std::exception_ptr error;
+  std::thread([&] {
+    try {
+      if (probe.numa_node >= 0 && numa_available() >= 0 && probe.numa_node <= numa_max_node()) {
+        numa_run_on_node(probe.numa_node);
+        numa_set_preferred(probe.numa_node);
+      }
+      const auto t0 = Clock::now();
+      probe.gbps = cuda::measure_host_read_gbps(device, bytes, seconds);
+      probe.seconds = since(t0);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }).join();
+  if (error) std::rethrow_exception(error);
+  return probe;
 }
 
 std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, const PlacementPlan& plan,

@@ -69,6 +69,17 @@ struct ExpertStoreReport {
   std::string summary() const;  // a few lines for the start-up log
 };
 
+// How fast a kernel on `device` reads pinned host memory in place, measured on `bytes` of it on
+// the GPU's NUMA node (where host experts go) for about `seconds`: the host ceiling the start-up
+// plan's fit report and cost model use in place of a nominal figure (a PCIe Gen4 host carries
+// ~30 GB/s where Gen5 carries ~50).
+struct HostReadProbe {
+  double gbps = 0;
+  double seconds = 0;  // wall time of the probe, allocation and pinning included
+  int numa_node = -1;  // where its buffer was (-1: not bound)
+};
+HostReadProbe measure_host_reads(int device, int64_t bytes = int64_t(256) << 20, double seconds = 0.2);
+
 class ExpertStore {
  public:
   // Checks the plan against the sources, lays the experts out and places them. Throws

@@ -112,6 +112,7 @@ StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, i
   }
   req.max_batch_tokens = max_batch_tokens;
   req.embedding = EmbeddingHome::Gpu;
+  if (flags.host_read_gbps > 0) req.ceilings.host_read_gbps = flags.host_read_gbps;
   const PlanOutcome outcome = make_plan(std::move(req));
   StartupPlan out;
   out.fit_report = format_fit_report(outcome);

@@ -41,6 +41,9 @@ struct StartupPlacement {
   // --expert-cache-mem: VRAM for the expert cache (offload/expert_cache.h), with --gpu-mem or --plan;
   // with --gpu-mem it comes out of that budget before the plan is made.
   std::string expert_cache_mem{};
+  // The in-place host read rate the plan is priced at (GB/s; measured at start-up by the CUDA runner's
+  // opener, offload::measure_host_reads); 0: placement::Ceilings' nominal figure.
+  double host_read_gbps = 0;
   bool requested() const { return !gpu_mem.empty() || !host_experts.empty() || !host_mem.empty(); }
   int64_t expert_cache_bytes() const;  // 0 when not given; throws spill::Error for a bad size
 };

@@ -11,6 +11,7 @@
 // Usage: cuda_decode_bench [--shape s30.json] [--quant MIX] [--batches 1,4,8] [--context N]
 //                          [--steps N] [--ceiling GBps] [--layers N]
 //                          [--host-share F | --host-layers N | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
+//                          [--pcie-gbps G]
 //                          [--expert-cache-mem BYTES] [--no-staging]
 //                          [--routing-skew zipf:S]
 //                          [--warmup N] [--expert-parallel G] [--kv-format bf16|fp8|f32]
@@ -37,6 +38,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/runner.h"
+#include "offload/expert_store.h"
 #include "offload/model_experts.h"
 #include "offload/plan_file.h"
 #include "placement/memory.h"
@@ -55,7 +57,9 @@ struct Args {
   int prefill_chunk = 512;  // tokens per prefill step (the runner's max batch tokens)
   int steps = 20;
   double ceiling_gbps = 4530.0;  // measured HBM read bandwidth of the H200 (issue 12)
-  double pcie_gbps = 50.0;       // measured in-place reads of pinned host memory by a kernel (H200)
+  // In-place reads of pinned host memory by a kernel, GB/s: --pcie-gbps, or measured here
+  // (offload::measure_host_reads) when experts go to host RAM.
+  double pcie_gbps = 0;
   int layers = 0;                // > 0: override the shape's layer count (quick runs)
   bool profile = false;          // time each op with events (steps launched eagerly, no graphs)
   bool graphs = true;
@@ -104,6 +108,7 @@ int main(int argc, char** argv) {
     else if (f == "--model") a.model = next();
     else if (f == "--host-share") a.host_share = std::atof(next().c_str());
     else if (f == "--host-layers") a.host_layers = std::atoi(next().c_str());
+    else if (f == "--pcie-gbps") a.pcie_gbps = std::atof(next().c_str());
     else if (f == "--plan") a.plan = next();
     else if (f == "--expert-parallel") a.expert_parallel = std::atoi(next().c_str());
     else if (f == "--expert-cache-mem") a.cache_mem = next();
@@ -176,6 +181,14 @@ int main(int argc, char** argv) {
     config.cuda_graphs = a.graphs;
     config.count_experts = a.counting;
     config.stage_host_experts = a.staging;
+    const bool host_experts = !a.plan.empty() || a.host_share > 0 || a.host_layers > 0 || !a.gpu_mem.empty();
+    if (host_experts && a.pcie_gbps <= 0) {
+      const offload::HostReadProbe probe = offload::measure_host_reads(0);
+      a.pcie_gbps = probe.gbps;
+      std::printf("in-place host reads measured at %.1f GB/s (%.2f s): the host ceiling of the rooflines below\n",
+                  probe.gbps, probe.seconds);
+    }
+    if (a.pcie_gbps <= 0) a.pcie_gbps = 50.0;  // no host experts: unused
     if (!a.plan.empty()) config.expert_plan = offload::load_plan(a.plan);
     else if (a.host_share > 0) config.expert_plan = offload::uniform_plan_for(*model, a.host_share, 1);
     else if (a.host_layers > 0) {
@@ -195,8 +208,10 @@ int main(int argc, char** argv) {
       config.expert_plan = std::move(plan);
     }
     else if (!a.gpu_mem.empty()) {
-      offload::StartupPlacement flags_mem{
-          .gpu_mem = a.gpu_mem, .host_experts = a.host_experts, .expert_cache_mem = a.cache_mem};
+      offload::StartupPlacement flags_mem{.gpu_mem = a.gpu_mem,
+                                          .host_experts = a.host_experts,
+                                          .expert_cache_mem = a.cache_mem,
+                                          .host_read_gbps = a.pcie_gbps};
       offload::StartupPlan planned =
           offload::plan_at_startup(*model, flags_mem, max_b, config.max_model_len, config.max_batch_tokens, 0);
       std::printf("placement at start-up (--gpu-mem %s):\n%s\n", a.gpu_mem.c_str(), planned.fit_report.c_str());

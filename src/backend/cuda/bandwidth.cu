@@ -105,16 +105,43 @@ ReadBandwidth measure_read_bandwidth(int device, double seconds) {
   r.hbm_read_gbps = time_reads(dev, size_t(r.hbm_buffer_bytes), seconds / 2, sink, blocks, &r.hbm_seconds);
   cudaFree(dev);
 
+  cudaFree(sink);
+  r.host_read_gbps = measure_host_read_gbps(device, r.host_buffer_bytes, seconds / 2, &r.host_seconds);
+  return r;
+}
+
+double measure_host_read_gbps(int device, int64_t bytes, double seconds, double* spent) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  const int blocks = prop.multiProcessorCount * 8;
+  bytes = std::max<int64_t>(bytes, 1 << 20) / 4096 * 4096;
+  unsigned* sink = nullptr;
+  check(cudaMalloc(&sink, sizeof(unsigned) * size_t(blocks)), "cudaMalloc (sink)");
   void* host = nullptr;
-  check(cudaHostAlloc(&host, size_t(r.host_buffer_bytes), cudaHostAllocMapped | cudaHostAllocPortable),
-        "cudaHostAlloc (pinned host buffer)");
-  std::fill_n(static_cast<unsigned char*>(host), size_t(r.host_buffer_bytes), 1);  // first touch by this thread
+  if (const cudaError_t e = cudaHostAlloc(&host, size_t(bytes), cudaHostAllocMapped | cudaHostAllocPortable);
+      e != cudaSuccess) {
+    cudaFree(sink);
+    check(e, "cudaHostAlloc (pinned host buffer)");
+  }
+  std::fill_n(static_cast<unsigned char*>(host), size_t(bytes), 1);  // first touch by this thread
+  double gbps = 0, t = 0;
   void* mapped = nullptr;
-  check(cudaHostGetDevicePointer(&mapped, host, 0), "cudaHostGetDevicePointer");
-  r.host_read_gbps = time_reads(mapped, size_t(r.host_buffer_bytes), seconds / 2, sink, blocks, &r.host_seconds);
+  cudaError_t e = cudaHostGetDevicePointer(&mapped, host, 0);
+  if (e == cudaSuccess) {
+    try {
+      gbps = time_reads(mapped, size_t(bytes), seconds, sink, blocks, &t);
+    } catch (...) {
+      cudaFreeHost(host);
+      cudaFree(sink);
+      throw;
+    }
+  }
   cudaFreeHost(host);
   cudaFree(sink);
-  return r;
+  check(e, "cudaHostGetDevicePointer");
+  if (spent) *spent = t;
+  return gbps;
 }
 
 }  // namespace spill::cuda

@@ -19,6 +19,11 @@ struct ReadBandwidth {
 // bind the thread to the GPU's node first. Throws spill::Error on a CUDA error.
 ReadBandwidth measure_read_bandwidth(int device, double seconds = 2.0);
 
+// The host half of measure_read_bandwidth alone: a kernel on `device` reading `bytes` of pinned,
+// mapped host memory (allocated and first touched by the calling thread) for about `seconds`.
+// Returns GB/s; *spent: the seconds the timed reads took. Throws spill::Error on a CUDA error.
+double measure_host_read_gbps(int device, int64_t bytes, double seconds, double* spent = nullptr);
+
 // Visible CUDA devices (0 when none or no driver) and each one's PCI bus id, lower case
 // ("0000:17:00.0").
 int cuda_device_count();
