@@ -459,6 +459,8 @@ TEST(OffloadModel, StartupPlanFitsTheBudgetOrRefusesWithTheFitReport) {
     return std::string();
   };
   EXPECT_NE(error_of({.host_experts = "30%"}).find("give --gpu-mem too"), std::string::npos);
+  EXPECT_TRUE((offload::StartupPlacement{.host_read_gbps = 30}.requested())) << "a rate alone must not pass unnoticed";
+  EXPECT_NE(error_of({.host_read_gbps = 30}).find("give --gpu-mem too"), std::string::npos);
   EXPECT_NE(error_of({.gpu_mem = "lots"}).find("--gpu-mem"), std::string::npos);
   EXPECT_NE(error_of({.gpu_mem = "1e300G"}).find("too large"), std::string::npos);
   EXPECT_NE(error_of({.gpu_mem = "1G", .host_experts = "130%"}).find("--host-experts"), std::string::npos);

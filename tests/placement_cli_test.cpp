@@ -70,6 +70,17 @@ TEST(PlacementCli, PlanFlagErrorsAreClear) {
     EXPECT_EQ(rc, 1) << args;
     EXPECT_NE(text.find(says), std::string::npos) << args << ": " << text;
   }
+  auto [pz, plan_zero] = run_command(spill_bin() + kSeedArgs + " --host-read-gbps 0");
+  EXPECT_NE(pz, 0);
+  EXPECT_NE(plan_zero.find("--host-read-gbps: expected GB/s, more than 0, got 0"), std::string::npos) << plan_zero;
+  // The runner's placement flags: a rate that is not one is refused by name.
+  for (const char* bad : {"0", "-5", "fast"}) {
+    auto [rc, text] = run_command(spill_bin() + " generate --synthetic " + kSeed + " --gpu-mem 80G --host-read-gbps " +
+                                  bad + " --prompt-ids 1 -n 1");
+    EXPECT_NE(rc, 0) << bad;
+    EXPECT_NE(text.find("--host-read-gbps: expected GB/s, more than 0, got " + std::string(bad)), std::string::npos)
+        << bad << ": " << text;
+  }
   // A flag value CLI11 itself checks: its own exit code, the message ours.
   auto [g, t7] = run_command(spill_bin() + kSeedArgs + " --allreduce-us -5");
   EXPECT_NE(g, 0);

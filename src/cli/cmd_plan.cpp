@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "core/json_limits.h"
 #include "model/model.h"
@@ -198,8 +199,11 @@ void add_plan_command(CLI::App& app) {
           },
           "US"));
   cmd->add_option("--topo", a->topo, "bandwidth ceilings measured by spill topo --json FILE");
-  cmd->add_option("--hbm-gbps", a->hbm_gbps, "HBM read ceiling in GB/s (default 4530, an H200)");
-  cmd->add_option("--host-read-gbps", a->host_read_gbps, "in-place pinned host read ceiling in GB/s (default 50, PCIe Gen5 x16)");
+  cmd->add_option("--hbm-gbps", a->hbm_gbps, "HBM read ceiling in GB/s (default 4530, an H200)")->check(gbps_validator());
+  cmd->add_option("--host-read-gbps", a->host_read_gbps,
+                  "in-place pinned host read ceiling in GB/s (default 50, PCIe Gen5 x16; a Gen4 host reads ~30: spill "
+                  "topo measures it)")
+      ->check(gbps_validator());
   cmd->add_option("--batch", a->batch, "streams decoding at once for the batch figures (default: --max-seqs)");
   cmd->add_option("--context", a->context, "context tokens per stream for the decode figures (default: min(4096, --max-model-len))");
   cmd->add_option("--out", a->out, "write the plan as JSON here");

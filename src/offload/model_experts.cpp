@@ -78,8 +78,8 @@ StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, i
                             int64_t max_batch_tokens, int64_t kv_mem, KvFormat kv_format) {
   using namespace placement;
   if (flags.gpu_mem.empty())
-    fail("--host-experts and --host-mem plan the experts within a GPU budget: give --gpu-mem too (what spill may use "
-         "of the GPU, e.g. --gpu-mem 64G)");
+    fail("--host-experts, --host-mem and --host-read-gbps plan the experts within a GPU budget: give --gpu-mem too "
+         "(what spill may use of the GPU, e.g. --gpu-mem 64G)");
   PlanRequest req;
   req.shape = shape_of(model);
   req.measured = measure_weights(model);

@@ -44,7 +44,7 @@ struct StartupPlacement {
   // The in-place host read rate the plan is priced at (GB/s; measured at start-up by the CUDA runner's
   // opener, offload::measure_host_reads); 0: placement::Ceilings' nominal figure.
   double host_read_gbps = 0;
-  bool requested() const { return !gpu_mem.empty() || !host_experts.empty() || !host_mem.empty(); }
+  bool requested() const { return !gpu_mem.empty() || !host_experts.empty() || !host_mem.empty() || host_read_gbps > 0; }
   int64_t expert_cache_bytes() const;  // 0 when not given; throws spill::Error for a bad size
 };
 struct StartupPlan {
