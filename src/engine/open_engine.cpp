@@ -43,7 +43,9 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
                           .max_model_len = limits.max_model_len,
                           .kv_format = options.kv_format.value_or(KvFormat::BF16)};
   if (!options.expert_plan.empty() && options.placement.requested())
-    fail("--plan {} and --gpu-mem / --host-experts / --host-mem both say where the experts go: give one", options.expert_plan);
+    fail("--plan {} and --gpu-mem / --host-experts / --host-mem / --host-read-gbps both say where the experts go: give "
+         "one (the start-up plan's flags only apply when spill makes the plan)",
+         options.expert_plan);
   if (!options.expert_plan.empty()) config.expert_plan = offload::load_plan(options.expert_plan);
   if (options.placement.requested()) {
     // The plan is priced at this GPU's own in-place host read rate, not a nominal one: a PCIe Gen4
