@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/model_options.h"
 #include "core/error.h"
 #include "core/json_limits.h"
 #include "model/model.h"
@@ -187,23 +186,14 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--allreduce-us", a->allreduce_us,
                   "latency of one decode all-reduce across the GPUs, for the expected speed (default 10, assumed)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            try {
-              size_t used = 0;
-              const double x = std::stod(v, &used);
-              if (used == v.size() && x >= 0 && std::isfinite(x)) return std::string();
-            } catch (const std::exception&) {
-            }
-            return "expected microseconds, 0 or more, got " + v;
-          },
-          "US"));
+      ->check(number_validator(0, true, "microseconds", "US"));
   cmd->add_option("--topo", a->topo, "bandwidth ceilings measured by spill topo --json FILE");
-  cmd->add_option("--hbm-gbps", a->hbm_gbps, "HBM read ceiling in GB/s (default 4530, an H200)")->check(gbps_validator());
+  cmd->add_option("--hbm-gbps", a->hbm_gbps, "HBM read ceiling in GB/s (default 4530, an H200)")
+      ->check(number_validator(0, false, "GB/s", "GBPS"));
   cmd->add_option("--host-read-gbps", a->host_read_gbps,
                   "in-place pinned host read ceiling in GB/s (default 50, PCIe Gen5 x16; a Gen4 host reads ~30: spill "
                   "topo measures it)")
-      ->check(gbps_validator());
+      ->check(number_validator(0, false, "GB/s", "GBPS"));
   cmd->add_option("--batch", a->batch, "streams decoding at once for the batch figures (default: --max-seqs)");
   cmd->add_option("--context", a->context, "context tokens per stream for the decode figures (default: min(4096, --max-model-len))");
   cmd->add_option("--out", a->out, "write the plan as JSON here");

@@ -26,5 +26,8 @@ void add_seats_command(CLI::App& app);
 // A byte-size flag: a count of bytes, or a whole number with a binary unit (512M, 8G, 8GiB,
 // 1T; K = 1024). Zero and negative sizes are refused. One parser for every command.
 CLI::Option* add_size_option(CLI::App* cmd, const std::string& name, int64_t& bytes, const std::string& help);
+// Accepts a finite number of `what` (e.g. "GB/s") above `min`, or from `min` on with min_allowed;
+// anything else is refused as "expected GB/s, more than 0, got X". type_name: the --help placeholder.
+CLI::Validator number_validator(double min, bool min_allowed, const std::string& what, const std::string& type_name);
 
 }  // namespace spill::cli

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -46,20 +45,6 @@ CLI::Option* add_plan_option(CLI::App* cmd, std::string& path) {
       ->check(CLI::ExistingFile);
 }
 
-CLI::Validator gbps_validator() {
-  return CLI::Validator(
-      [](std::string& v) {
-        try {
-          size_t used = 0;
-          const double x = std::stod(v, &used);
-          if (used == v.size() && x > 0 && std::isfinite(x)) return std::string();
-        } catch (const std::exception&) {
-        }
-        return "expected GB/s, more than 0, got " + v;
-      },
-      "GBPS");
-}
-
 void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) {
   cmd->add_option("--gpu-mem", placement.gpu_mem,
                   "plan at start-up (instead of --plan): what spill may use of the GPU, e.g. 64G; routed experts that do "
@@ -71,7 +56,7 @@ void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) 
   cmd->add_option("--host-read-gbps", placement.host_read_gbps,
                   "with --gpu-mem: the rate the GPU reads pinned host memory in place, GB/s, to plan at (default: "
                   "measured at start-up, ~0.4 s; spill topo measures it too)")
-      ->check(gbps_validator());
+      ->check(number_validator(0, false, "GB/s", "GBPS"));
   cmd->add_option("--expert-cache-mem", placement.expert_cache_mem,
                   "with --gpu-mem or --plan: VRAM for a cache of the host experts live traffic reads most (e.g. 4G; "
                   "taken from --gpu-mem); hit rates in /metrics");

@@ -50,8 +50,6 @@ CLI::Option* add_kv_format_option(CLI::App* cmd, std::optional<KvFormat>& format
 CLI::Option* add_plan_option(CLI::App* cmd, std::string& path);
 // --gpu-mem, --host-experts, --host-mem: the planner's flags at start-up (offload::plan_at_startup).
 void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement);
-// Accepts a bandwidth in GB/s: a finite number above 0 ("expected GB/s, more than 0, got ...").
-CLI::Validator gbps_validator();
 // "1,2,3" -> ids; a clear error naming `flag` for anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag);
 
