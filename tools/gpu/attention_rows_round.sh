@@ -6,12 +6,8 @@
 #   usage (repo root, device): tools/gpu/attention_rows_round.sh   carry: [".carry/pack.tar.xz"]
 cd "$(dirname "$0")/../.."
 . tools/gpu/round_common.sh
-timeout $(budget 100) $B/spill_tests --gtest_filter="${TESTS:-CudaOps.*:*CudaGemv*:CudaRunnerTest.*:CudaRunnerModels.*:Fp8*}" > "$OUT/tests.txt" 2>&1
-echo "== tests rc=$?"; stamp
-grep -E "^\[  (FAILED|PASSED|SKIPPED) " "$OUT/tests.txt" | head -20; grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -30
-timeout $(budget 60) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='CudaOps.*Attention*:CudaOps.Fp8*:CudaRunnerModels.Fp8*' > "$OUT/memcheck.txt" 2>&1
-echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
+gpu_tests "${TESTS:-CudaOps.*:*CudaGemv*:CudaRunnerTest.*:CudaRunnerModels.*:Fp8*}" 100
+sanitize memcheck 'CudaOps.*Attention*:CudaOps.Fp8*:CudaRunnerModels.Fp8*' 60
 run() {  # name binary context batches format
   timeout $(budget 40) $B/$2 --shape tests/data/shapes/s30.json --layers 8 --batches $4 --context $3 --steps 30 \
     --prefill-chunk 4096 --kv-format $5 > "$OUT/$1.txt" 2>&1
@@ -29,6 +25,4 @@ for f in bf16 fp8; do
   run "new-32768-$f" cuda_decode_bench 32768 1 $f
 done
 stamp
-timeout $(budget 60) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='CudaOps.*Attention*:CudaOps.Fp8Attention*' > "$OUT/racecheck.txt" 2>&1
-echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
+sanitize racecheck 'CudaOps.*Attention*:CudaOps.Fp8Attention*' 60

@@ -11,13 +11,8 @@ MODE="${1:-all}"
 CONTEXTS="4096 32768"
 
 if [ "$MODE" != bench ]; then
-timeout $(budget 240) $B/spill_tests --gtest_filter="${TESTS:-CudaOps.*:CudaRunnerTest.*:CudaRunnerModels.Fp8*:CudaRunnerModels.SpillTiny*:CudaRunnerModels.ExpertsInHostRam*:Fp8*}" > "$OUT/tests.txt" 2>&1
-echo "== tests rc=$?"; stamp
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |measure \]" "$OUT/tests.txt" | head -40
-grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -40
-timeout $(budget 90) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='CudaOps.E4m3*:CudaOps.Fp8*:CudaRunnerModels.Fp8*' > "$OUT/memcheck.txt" 2>&1
-echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
+gpu_tests "${TESTS:-CudaOps.*:CudaRunnerTest.*:CudaRunnerModels.Fp8*:CudaRunnerModels.SpillTiny*:CudaRunnerModels.ExpertsInHostRam*:Fp8*}" 240
+sanitize memcheck 'CudaOps.E4m3*:CudaOps.Fp8*:CudaRunnerModels.Fp8*' 90
 
 fi
 
@@ -42,7 +37,5 @@ done
 fi
 
 if [ "$MODE" != bench ]; then
-timeout $(budget 90) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests \
-  --gtest_filter='CudaOps.Fp8KvWrite*:CudaOps.Fp8Attention*' > "$OUT/racecheck.txt" 2>&1
-echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
+sanitize racecheck 'CudaOps.Fp8KvWrite*:CudaOps.Fp8Attention*' 90
 fi

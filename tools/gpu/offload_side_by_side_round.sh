@@ -15,14 +15,8 @@ cd "$(dirname "$0")/../.."
 . tools/gpu/round_common.sh
 NCMOE="${NCMOE:-14}"
 F=.carry/fin
-mkdir -p /tmp/llama && tar -xJf $F/llama-src.tar.xz -C /tmp/llama
-( cmake -S /tmp/llama -B /tmp/llama-build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_MTMD=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > "$OUT/llama-cmake.txt" 2>&1 &&
-  nice -n 10 cmake --build /tmp/llama-build -j13 --target llama-bench llama-batched-bench > "$OUT/llama-build.txt" 2>&1
-  echo $? > /tmp/llama-build.rc ) &
-( PYTHONPATH=/tmp/llama/gguf-py nice -n 10 python3 $F/make_gguf.py /tmp/s30.gguf s30 > "$OUT/make_gguf.txt" 2>&1
-  echo $? > /tmp/gguf.rc ) &
+. tools/gpu/llama_peer.sh
+llama_peer_start $F/llama-src.tar.xz $F/make_gguf.py "$OUT"
 echo "== checks (while llama.cpp builds)"
 OUT="$OUT/checks" ROUND_SECONDS=$(budget 330) DECODE=none bash tools/gpu/variants_round.sh
 checks_rc=$?; stamp

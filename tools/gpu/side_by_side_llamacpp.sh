@@ -16,13 +16,8 @@ gunzip -f $D/cuda_decode_bench.gz; chmod +x $D/cuda_decode_bench
 export LD_LIBRARY_PATH="$PWD/.carry/lib2"
 T0=$(date +%s); el() { echo "$(( $(date +%s)-T0 )) s"; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$O/env.txt"
-mkdir -p /tmp/llama && tar -xzf $D/llama-src.tar.gz -C /tmp/llama
-( cmake -S /tmp/llama -B /tmp/llama-build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_MTMD=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > "$O/llama-cmake.log" 2>&1 &&
-  nice -n 5 cmake --build /tmp/llama-build -j14 --target llama-bench llama-batched-bench > "$O/llama-build.log" 2>&1
-  echo $? > /tmp/llama-build.rc ) &
-( PYTHONPATH=/tmp/llama/gguf-py python3 $D/make_gguf.py /tmp/s30.gguf s30 > "$O/make_gguf.log" 2>&1; echo $? > /tmp/gguf.rc ) &
+. tools/gpu/llama_peer.sh
+llama_peer_start $D/llama-src.tar.gz $D/make_gguf.py "$O"
 for ctx in ${TPOT_CONTEXTS:-4096 32768}; do
   timeout 170 $D/cuda_decode_bench --shape $D/s30.json --batches 1 --context $ctx --steps 16 > "$O/tpot_$ctx.txt" 2>&1
   echo "== spill TPOT ctx $ctx rc=$? ($(el)) (the llama.cpp build shares the host)"; grep -E "^ +1 |prefill of" "$O/tpot_$ctx.txt"

@@ -16,20 +16,11 @@ cd "$(dirname "$0")/../.."
 VARIANTS="${VARIANTS:-cuda_decode_bench_base cuda_decode_bench}"
 SAN="${SAN:-CudaOps.AttentionDecodeAndPrefillMatchTheTwin:CudaOps.TensorCore*:CudaMoe.MatchesCpuTwinOverBatchesAndFormats:CudaGemvTest.*}"
 if [ "${TESTS:-}" != none ]; then
-  timeout $(budget 120) $B/spill_tests --gtest_filter="${TESTS:-*Cuda*:Fp8*:-*Collectives*}" > "$OUT/tests.txt" 2>&1
-  rc=$?; echo "== tests rc=$rc"; stamp
   # A failing (or hanging) build would spend the rest of the call on sanitizers and timings of wrong code.
-  if [ $rc -ne 0 ]; then grep -E "^\[  FAILED|Failure|timeout" "$OUT/tests.txt" | head -20; tail -5 "$OUT/tests.txt"; exit 1; fi
-  grep -E "^\[  (FAILED|PASSED) " "$OUT/tests.txt" | head -20; grep -B2 -A8 "Failure" "$OUT/tests.txt" | head -30
-  timeout $(budget 90) compute-sanitizer --tool memcheck --error-exitcode 9 $B/spill_tests --gtest_filter="$SAN" \
-    > "$OUT/memcheck.txt" 2>&1
-  echo "== memcheck rc=$?: $(grep 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"; stamp
+  gpu_tests "${TESTS:-*Cuda*:Fp8*:-*Collectives*}" 120 || exit 1
+  sanitize memcheck "$SAN" 90
 fi
-if [ "$SAN" != none ]; then
-  timeout $(budget 150) compute-sanitizer --tool racecheck --error-exitcode 9 $B/spill_tests --gtest_filter="$SAN" \
-    > "$OUT/racecheck.txt" 2>&1
-  echo "== racecheck rc=$?: $(grep 'RACECHECK SUMMARY' "$OUT/racecheck.txt" | tail -1)"; stamp
-fi
+[ "$SAN" != none ] && sanitize racecheck "$SAN" 150
 # variant_cmd V: the command line of variant V (NAME=VALUE+binary: the binary under that environment).
 variant_cmd() { case "$1" in *+*) echo "env $(echo "${1%%+*}" | tr ',' ' ') $B/${1#*+}" ;; *) echo "$B/$1" ;; esac; }
 variant_tag() { echo "$1" | tr '=+,' '-__'; }
