@@ -202,8 +202,7 @@ int main(int argc, char** argv) {
       }
       if (placed < a.host_layers) fail("--host-layers {}: the model has {} MoE layers", a.host_layers, placed);
       plan.where = "the experts of the first " + std::to_string(a.host_layers) + " MoE layers in host RAM";
-      plan.host_experts = 0;
-      for (const offload::PlannedLayer& pl : plan.layers) plan.host_experts += int64_t(pl.host.size());
+      plan.host_experts = plan.host_expert_count();
       plan.host_bytes = plan.host_expert_bytes();
       config.expert_plan = std::move(plan);
     }
