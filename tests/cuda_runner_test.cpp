@@ -871,6 +871,82 @@ TEST(CudaRunnerModels, ExpertCacheKeepsTheLogitsAndCountsEveryRouting) {
               (long long)host.end.host_bytes);
 }
 
+// Host experts computed by CPU threads (offload/cpu_experts.h) while the GPU reads the others: the
+// logits stay within the int8 bound of the all-GPU run (the CPU's int8 kernels round as the GPU's
+// do but add in another order), graph replays give the eager steps' bits, a sequence's logits are
+// bit-identical alone and in a decode batch (each pair always goes to the same side), the CPU served
+// every decode call, and the host bytes counted over the link drop by the CPU's share.
+TEST(CudaRunnerModels, CpuExpertsKeepTheLogitsWithinTheBoundAndStayBatchInvariant) {
+  SPILL_SKIP_WITHOUT_GPU();
+  cpu::set_activation_mode(cpu::ActivationMode::Q8);
+  TempDir dir("spill-cuda-runner-cpu-experts");
+  auto model = small_offload_model(dir, 31);
+  const int64_t V = model->spec().vocab_size;
+  int64_t n_blocks = 0;
+  Steps s = make_steps(4, 64, 16, &n_blocks, 19);
+  const offload::PlacementPlan all_host = offload::uniform_plan_for(*model, 1.0, 3);
+  auto runner = [&](double cpu_share, bool graphs) {
+    CudaRunnerConfig c = small_offload_config(n_blocks, all_host);
+    c.stage_host_experts = false;
+    c.cuda_graphs = graphs;
+    c.cpu_expert_share = cpu_share;
+    c.cpu_expert_threads = 2;
+    c.count_experts = CudaRunnerConfig::ExpertCounting::Always;
+    return make_cuda_runner(*model, c);
+  };
+  auto gpu_only = runner(0.0, true), hybrid = runner(0.5, true), eager = runner(0.5, false), batched = runner(0.5, true);
+  EXPECT_NE(hybrid->describe().find("CPU experts: 8 host experts"), std::string::npos) << hybrid->describe();
+  // A 12-token prompt (past the CPU's 8-token calls: every expert on the GPU) and a 5-token one
+  // (the CPU's experts on the CPU), then greedy decode.
+  const std::vector<int32_t> prompt = {5, 60, 222, 9, 301, 44, 17, 90, 3, 400, 12, 7};
+  const std::vector<int32_t> other = {11, 22, 33, 44, 55};
+  std::vector<float> lr, lh, le, lb;
+  const double quanta = double(4 * model->spec().n_layers + 1) / 127.0;
+  for (auto* r : {&gpu_only, &hybrid, &eager, &batched}) {
+    std::vector<float>& out = r == &gpu_only ? lr : r == &hybrid ? lh : r == &eager ? le : lb;
+    (*r)->forward(s.make({{0, prompt, 0}}, false), out);
+  }
+  double worst = compare_logits(lh, lr, V, chain_eps(model->spec(), 12, KvFormat::F32) + quanta, "12-token prefill");
+  ASSERT_EQ(0, std::memcmp(lh.data(), le.data(), lh.size() * 4));
+  for (auto* r : {&gpu_only, &hybrid, &eager}) {
+    std::vector<float>& out = r == &gpu_only ? lr : r == &hybrid ? lh : le;
+    (*r)->forward(s.make({{1, other, 0}}, false), out);
+  }
+  worst = std::max(worst, compare_logits(lh, lr, V, chain_eps(model->spec(), 5, KvFormat::F32) + quanta, "5-token prefill"));
+  ASSERT_EQ(0, std::memcmp(lh.data(), le.data(), lh.size() * 4));
+  batched->forward(s.make({{1, other, 0}, {2, {70, 71}, 0}}, false), lb);  // the batch's other sequences
+  const ExpertTraffic before = hybrid->expert_traffic();
+  int32_t pos = int32_t(prompt.size());
+  const int steps = 8;
+  for (int step = 0; step < steps; ++step) {
+    const int32_t next = argmax(lr.data() + lr.size() - size_t(V), V);
+    gpu_only->forward(s.make({{0, {next}, pos}}, false), lr);
+    hybrid->forward(s.make({{0, {next}, pos}}, false), lh);
+    eager->forward(s.make({{0, {next}, pos}}, false), le);
+    worst = std::max(worst, compare_logits(lh, lr, V, chain_eps(model->spec(), pos + 1, KvFormat::F32) + quanta,
+                                           "decode step " + std::to_string(step)));
+    ASSERT_EQ(0, std::memcmp(lh.data(), le.data(), lh.size() * 4)) << "graph against eager, step " << step;
+    // The same token of sequence 0 beside two others (batch 3), its row in the middle.
+    batched->forward(s.make({{1, {int32_t(80 + step)}, 5 + step}, {0, {next}, pos}, {2, {int32_t(90 + step)}, 2 + step}},
+                            false),
+                     lb);
+    ASSERT_EQ(0, std::memcmp(lh.data(), lb.data() + size_t(V), size_t(V) * 4)) << "batched, step " << step;
+    ++pos;
+  }
+  const CudaRunnerStats st = cuda_runner_stats(*hybrid);
+  const ExpertTraffic after = hybrid->expert_traffic();
+  // One call per MoE layer per step of up to 8 tokens: the 5-token prefill and the decode steps.
+  EXPECT_EQ(st.cpu_expert_calls, 2 * (1 + steps));
+  EXPECT_GT(st.cpu_expert_bytes, 0);
+  // Half of the host experts are the CPU's: the link's bytes are those of the GPU's routed experts.
+  EXPECT_LT(after.host_bytes - before.host_bytes, int64_t(steps) * 2 * 2 *
+                                                      int64_t(model->layers[1].experts[0].gate.nbytes() * 2 +
+                                                              model->layers[1].experts[0].down.nbytes()));
+  EXPECT_EQ(after.host_routings - before.host_routings, int64_t(steps) * 2 * 2);
+  std::printf("[ measure ] CPU experts: max |hybrid - gpu| / bound = %.3g; %lld calls, %lld expert bytes on the CPU\n",
+              worst, (long long)st.cpu_expert_calls, (long long)st.cpu_expert_bytes);
+}
+
 // A plan the runner cannot take is refused by name: one that puts a layer on another GPU.
 TEST(CudaRunnerModels, ExpertPlansForOtherGpusAreRefusedClearly) {
   SPILL_SKIP_WITHOUT_GPU();

@@ -60,6 +60,14 @@ void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) 
   cmd->add_option("--expert-cache-mem", placement.expert_cache_mem,
                   "with --gpu-mem or --plan: VRAM for a cache of the host experts live traffic reads most (e.g. 4G; "
                   "taken from --gpu-mem); hit rates in /metrics");
+  cmd->add_option("--cpu-experts", placement.cpu_experts,
+                  "with --gpu-mem or --plan: CPU threads compute this share of each layer's host experts in decode steps "
+                  "while the GPU reads the others over PCIe, e.g. 60% or 0.6, or auto (balanced against the measured CPU "
+                  "and link rates); output may differ from all-in-VRAM in the last bits (default: off)")
+      ->type_name("SHARE|auto");
+  cmd->add_option("--cpu-expert-threads", placement.cpu_expert_threads,
+                  "with --cpu-experts: CPU threads computing experts (default: the GPU's NUMA node's cores less two)")
+      ->check(CLI::Range(1, 4096));
 }
 
 CLI::Option* add_kv_format_option(CLI::App* cmd, std::optional<KvFormat>& format) {

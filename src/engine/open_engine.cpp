@@ -69,6 +69,10 @@ std::unique_ptr<ModelRunner> open_cuda_runner(const Model& model, const RunnerOp
     if (options.kv.bytes == 0 && options.kv.blocks == 0) config.kv_budget_bytes = planned.kv_budget_bytes;
   }
   config.expert_cache_bytes = options.placement.expert_cache_bytes();
+  config.cpu_expert_share = options.placement.cpu_expert_share();
+  config.cpu_expert_threads = options.placement.cpu_expert_threads;
+  if (config.cpu_expert_share != 0 && !config.expert_plan)
+    fail("--cpu-experts computes experts that live in host RAM: give --gpu-mem (or --plan) so that some do");
   if (config.expert_cache_bytes > 0 && !config.expert_plan)
     fail("--expert-cache-mem caches experts that live in host RAM: give --gpu-mem (or --plan) so that some do");
   // An expert-parallel plan (version 2) runs on as many GPUs as it names: --device cuda:N,M,... in
@@ -155,8 +159,9 @@ DeviceChoice resolve_device(const DeviceChoice& choice) {
 std::unique_ptr<ModelRunner> open_runner(const Model& model, const RunnerOptions& options) {
   const DeviceChoice device = resolve_device(options.device);
   if (device.device == Device::Cuda) return open_cuda_runner(model, options, device);
-  if (options.placement.requested() || !options.placement.expert_cache_mem.empty())
-    fail("--gpu-mem / --host-experts / --host-mem / --expert-cache-mem plan which experts a GPU reads from host RAM; on --device cpu every "
+  if (options.placement.requested() || !options.placement.expert_cache_mem.empty() ||
+      !options.placement.cpu_experts.empty())
+    fail("--gpu-mem / --host-experts / --host-mem / --expert-cache-mem / --cpu-experts plan which experts a GPU reads from host RAM; on --device cpu every "
          "weight is in host RAM already (drop them, or run on cuda)");
   if (!options.expert_plan.empty())
     fail("--plan {}: a placement plan says which experts a GPU reads from host RAM; on --device cpu every weight is "

@@ -54,13 +54,6 @@ void cuda_ok(cudaError_t err, const std::string& what) {
     fail("expert store: {}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
-// The NUMA node the GPU's PCIe slot hangs off (sysfs), -1 when the kernel does not say.
-int gpu_numa_node(int device) {
-  std::ifstream in("/sys/bus/pci/devices/" + cuda::cuda_pci_bus_id(device) + "/numa_node");
-  int node = -1;
-  if (!(in >> node)) return -1;
-  return node;
-}
 
 // Copies `jobs` (dst, src, bytes) on a few threads: filling a pinned arena of tens of GiB on one
 // thread is bound by one core's page faults and memcpy.
@@ -190,6 +183,13 @@ void upload_vram_experts(const StoreLayout& lay, const ExpertSources& sources, c
 }
 
 }  // namespace
+
+int gpu_numa_node(int device) {
+  std::ifstream in("/sys/bus/pci/devices/" + cuda::cuda_pci_bus_id(device) + "/numa_node");
+  int node = -1;
+  if (!(in >> node)) return -1;
+  return node;
+}
 
 std::string ExpertStoreReport::summary() const {
   std::string s = fmt::format(
@@ -410,6 +410,7 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
       const MoeLayerSource& ml = sources.moe_layers[ll.source];
       LayerTable& lt = st.tables_[size_t(ll.layer)];
       lt.host.resize(ll.experts.size());
+      lt.cpu.assign(ll.experts.size(), cuda::ExpertWeights{});
       for (size_t e = 0; e < ll.experts.size(); ++e) {
         const ExpertPlace& place = ll.experts[e];
         const HostExpert& x = ml.experts[e];
@@ -420,11 +421,14 @@ std::unique_ptr<ExpertStore> ExpertStore::build(const ExpertSources& sources, co
         }
         if (place.home == Home::HostInPlace) {
           w = {in_place_address(x.gate), in_place_address(x.up), in_place_address(x.down)};
+          lt.cpu[e] = {x.gate, x.up, x.down};
           continue;
         }
         uint8_t* span = nullptr;
         if (place.home == Home::HostCopy) {
           span = arena_device + place.offset;
+          const uint8_t* host = static_cast<const uint8_t*>(st.arena_) + place.offset;
+          lt.cpu[e] = {host + ll.span.gate, host + ll.span.up, host + ll.span.down};
         } else {
           span = vram[i] + place.offset;  // uploaded above
         }
@@ -506,6 +510,11 @@ const cuda::ExpertWeights* ExpertStore::device_table(int64_t layer) const {
 const std::vector<cuda::ExpertWeights>& ExpertStore::host_table(int64_t layer) const {
   if (layer < 0 || layer >= int64_t(tables_.size())) fail("expert store: no layer {}", layer);
   return tables_[size_t(layer)].host;
+}
+
+const std::vector<cuda::ExpertWeights>& ExpertStore::cpu_table(int64_t layer) const {
+  if (layer < 0 || layer >= int64_t(tables_.size())) fail("expert store: no layer {}", layer);
+  return tables_[size_t(layer)].cpu;
 }
 
 cuda::MoeShape ExpertStore::shape(int64_t layer) const {

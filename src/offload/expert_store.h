@@ -78,6 +78,9 @@ struct HostReadProbe {
   double seconds = 0;  // wall time of the probe, allocation and pinning included
   int numa_node = -1;  // where its buffer was (-1: not bound)
 };
+// The NUMA node the GPU's PCIe slot hangs off (sysfs), -1 when the kernel does not say.
+int gpu_numa_node(int device);
+
 HostReadProbe measure_host_reads(int device, int64_t bytes = int64_t(256) << 20, double seconds = 0.2);
 
 class ExpertStore {
@@ -97,6 +100,9 @@ class ExpertStore {
   const std::vector<cuda::ExpertWeights>& host_table(int64_t layer) const;
   // The layer's shape for cuda::plan_moe (hidden, width, experts, top-k, types).
   cuda::MoeShape shape(int64_t layer) const;
+  // Host addresses (for CPU threads) of the layer's host experts, in the table's order; an expert
+  // that is not in host RAM gets null matrices. Empty for a layer without a table.
+  const std::vector<cuda::ExpertWeights>& cpu_table(int64_t layer) const;
   Home home(int64_t layer, int64_t expert) const;
   const StoreLayout& layout() const { return layout_; }
   const ExpertStoreReport& report() const { return report_; }
@@ -107,6 +113,7 @@ class ExpertStore {
     int64_t layout_index = -1;  // into layout_.layers, -1: none
     cuda::MoeShape shape{};
     std::vector<cuda::ExpertWeights> host{};
+    std::vector<cuda::ExpertWeights> cpu{};  // host addresses of the host experts
     const cuda::ExpertWeights* device = nullptr;
   };
   void release() noexcept;

@@ -74,6 +74,12 @@ int64_t StartupPlacement::expert_cache_bytes() const {
   return expert_cache_mem.empty() ? 0 : placement::parse_byte_size(expert_cache_mem, "--expert-cache-mem");
 }
 
+double StartupPlacement::cpu_expert_share() const {
+  if (cpu_experts.empty()) return 0.0;
+  if (cpu_experts == "auto") return -1.0;
+  return placement::parse_share(cpu_experts, "--cpu-experts");
+}
+
 StartupPlan plan_at_startup(const Model& model, const StartupPlacement& flags, int64_t max_seqs, int64_t max_model_len,
                             int64_t max_batch_tokens, int64_t kv_mem, KvFormat kv_format) {
   using namespace placement;

@@ -44,8 +44,14 @@ struct StartupPlacement {
   // The in-place host read rate the plan is priced at (GB/s; measured at start-up by the CUDA runner's
   // opener, offload::measure_host_reads); 0: placement::Ceilings' nominal figure.
   double host_read_gbps = 0;
+  // --cpu-experts: a share of each layer's host experts computed by CPU threads ("auto": balanced
+  // against the measured rates; "0" or empty: none), and --cpu-expert-threads.
+  std::string cpu_experts{};
+  int cpu_expert_threads = 0;
   bool requested() const { return !gpu_mem.empty() || !host_experts.empty() || !host_mem.empty() || host_read_gbps > 0; }
   int64_t expert_cache_bytes() const;  // 0 when not given; throws spill::Error for a bad size
+  // CudaRunnerConfig::cpu_expert_share: 0 (off), a share in (0, 1], or -1 (auto); throws for a bad value.
+  double cpu_expert_share() const;
 };
 struct StartupPlan {
   PlacementPlan plan;

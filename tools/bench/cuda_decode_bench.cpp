@@ -12,7 +12,7 @@
 //                          [--steps N] [--ceiling GBps] [--layers N]
 //                          [--host-share F | --host-layers N | --plan FILE | --gpu-mem BYTES [--host-experts P%]]
 //                          [--pcie-gbps G]
-//                          [--expert-cache-mem BYTES] [--no-staging]
+//                          [--expert-cache-mem BYTES] [--no-staging] [--cpu-experts SHARE|auto [--cpu-expert-threads N]]
 //                          [--routing-skew zipf:S]
 //                          [--warmup N] [--expert-parallel G] [--kv-format bf16|fp8|f32]
 // --host-layers N: every routed expert of the first N MoE layers in host RAM, the rest in VRAM (the
@@ -66,6 +66,8 @@ struct Args {
   bool host_logits = false;
   double host_share = 0;  // > 0: this share of every MoE layer's experts in host RAM (a uniform plan)
   int host_layers = 0;    // > 0: every expert of the first N MoE layers in host RAM
+  std::string cpu_experts;  // --cpu-experts SHARE|auto: CPU threads compute that share of the host experts
+  int cpu_expert_threads = 0;
   std::string plan;       // a placement plan file (spill plan --out) instead
   int expert_parallel = 0;  // --expert-parallel G: the plan's experts spread over cuda:0..G-1 (expert e on e % G)
   std::string gpu_mem;    // --gpu-mem: plan at start-up as spill serve does (the fit report is printed)
@@ -115,6 +117,8 @@ int main(int argc, char** argv) {
     else if (f == "--gpu-mem") a.gpu_mem = next();
     else if (f == "--host-experts") a.host_experts = next();
     else if (f == "--no-staging") a.staging = false;
+    else if (f == "--cpu-experts") a.cpu_experts = next();
+    else if (f == "--cpu-expert-threads") a.cpu_expert_threads = std::atoi(next().c_str());
     else if (f == "--no-expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Off;
     else if (f == "--expert-counts") a.counting = CudaRunnerConfig::ExpertCounting::Always;
     else if (f == "--routing-skew") a.routing_skew = next();
@@ -181,6 +185,12 @@ int main(int argc, char** argv) {
     config.cuda_graphs = a.graphs;
     config.count_experts = a.counting;
     config.stage_host_experts = a.staging;
+    if (!a.cpu_experts.empty()) {
+      offload::StartupPlacement flags;
+      flags.cpu_experts = a.cpu_experts;
+      config.cpu_expert_share = flags.cpu_expert_share();
+      config.cpu_expert_threads = a.cpu_expert_threads;
+    }
     const bool host_experts = !a.plan.empty() || a.host_share > 0 || a.host_layers > 0 || !a.gpu_mem.empty();
     if (host_experts && a.pcie_gbps <= 0) {
       const offload::HostReadProbe probe = offload::measure_host_reads(0);
@@ -262,7 +272,7 @@ int main(int argc, char** argv) {
                   "them at HBM speed)\n%s\n",
                   config.expert_plan->where.c_str(), st.vram_expert_bytes / 1073741824.0,
                   st.host_expert_bytes / 1073741824.0, st.expert_store_summary.c_str());
-    if (config.expert_cache_bytes > 0) std::printf("%s\n", runner->describe().c_str());
+    if (config.expert_cache_bytes > 0 || config.cpu_expert_share != 0) std::printf("%s\n", runner->describe().c_str());
     std::printf("roofline: bytes per step / %.0f GB/s; non-expert weights %.1f MB per step, %.2f MB per expert\n\n",
                 a.ceiling_gbps, dense_bytes / 1e6, expert_bytes / 1e6);
     std::printf("%6s %10s %12s %12s %10s %10s %12s %10s %9s\n", "batch", "ms/step", "tok/s/strm", "tok/s total",
@@ -329,6 +339,7 @@ int main(int argc, char** argv) {
         ++pos;
       }
       const ExpertTraffic before = runner->expert_traffic();
+      const CudaRunnerStats cpu_before = a.expert_parallel == 0 ? cuda_runner_stats(*runner) : CudaRunnerStats{};
       std::vector<double> ms;
       for (int s = 0; s < a.steps; ++s) {
         const ForwardBatch fb = decode_batch(pos);
@@ -377,6 +388,14 @@ int main(int argc, char** argv) {
                     (long long)after_steps.cache_slots_used, (long long)after_steps.cache_slots,
                     (long long)after_steps.cache_copies, (long long)after_steps.cache_evictions, measured_roof_ms,
                     100 * measured_roof_ms / step_ms);
+      }
+      if (config.cpu_expert_share != 0 && a.expert_parallel == 0) {
+        const CudaRunnerStats c = cuda_runner_stats(*runner);
+        const double calls = double(c.cpu_expert_calls - cpu_before.cpu_expert_calls);
+        const double gb = double(c.cpu_expert_bytes - cpu_before.cpu_expert_bytes) / 1e9;
+        const double busy = c.cpu_expert_busy_seconds - cpu_before.cpu_expert_busy_seconds;
+        std::printf("       CPU experts: %.1f MB per step in %.0f us of CPU time per step (%.1f calls), %.1f GB/s while busy\n",
+                    1e3 * gb / a.steps, 1e6 * busy / a.steps, calls / a.steps, busy > 0 ? gb / busy : 0.0);
       }
       if (a.profile && a.expert_parallel == 0) {
         const CudaRunnerStats ps = cuda_runner_stats(*runner);

@@ -24,6 +24,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/sampling.h"
 #include "model/model.h"
+#include "offload/cpu_experts.h"
 #include "offload/expert_cache.h"
 #include "offload/expert_staging.h"
 #include "offload/model_experts.h"
@@ -149,6 +150,12 @@ class CudaRunner final : public ModelRunner {
       s.host_expert_bytes = store_->report().host_bytes();
       s.expert_store_summary = store_->report().summary();
     }
+    if (cpu_experts_) {
+      const offload::CpuExperts::Counters c = cpu_experts_->counters();
+      s.cpu_expert_calls = int64_t(c.calls);
+      s.cpu_expert_bytes = int64_t(c.bytes);
+      s.cpu_expert_busy_seconds = c.busy_seconds;
+    }
     return s;
   }
   void validate(const ForwardBatch& batch) const { check_batch(batch); }
@@ -181,6 +188,7 @@ class CudaRunner final : public ModelRunner {
  private:
   // The routed-expert counters the MoE kernels add to, and (config.expert_cache_bytes) the cache.
   void prepare_expert_counts();
+  void start_cpu_experts();  // cpu_experts_ from config.cpu_expert_share
   struct Uploader;
   void upload_weights(const Model& model);
   void allocate_workspace();
@@ -265,6 +273,10 @@ class CudaRunner final : public ModelRunner {
   int64_t logit_rows_per_pass_ = 0;
   std::unique_ptr<cuda::SamplingPlan> sampling_;  // for logit_rows_per_pass_ rows
   std::unique_ptr<offload::ExpertStore> store_;   // the routed experts, when placed by a plan
+  // Host experts the CPU computes (config.cpu_expert_share); destroyed before store_, whose bytes it reads.
+  std::unique_ptr<offload::CpuExperts> cpu_experts_;
+  std::vector<uint8_t> cpu_expert_flags_;  // [moe layers * n_experts]: 1 where the CPU computes the expert
+  std::string cpu_experts_note_;           // the share and the rates it came from, for describe()
   std::unique_ptr<offload::ExpertCache> cache_;   // VRAM slots for hot host experts (config.expert_cache_bytes)
   std::unique_ptr<offload::ExpertStaging> staging_;  // host experts copied per layer for big steps
   std::string staging_note_;                         // why staging is off, for describe()
@@ -463,6 +475,7 @@ CudaRunner::CudaRunner(const Model& model, const CudaRunnerConfig& config)
   }
   upload_weights(model);
   prepare_expert_counts();
+  if (config.cpu_expert_share != 0) start_cpu_experts();
   allocate_workspace();
   // The device sampler's scratch (12 bytes per logit per row), before the KV pool takes the rest.
   // Its integer masses cover vocabularies up to kMaxSampledVocab; a larger one samples on the host.
@@ -925,6 +938,10 @@ void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table,
       a.out = out + t0 * H;
       a.workspace = moe_workspace_;
       if (x_rounded) a.x_rounded = cuda::rounded_rows_from(*x_rounded, t0);
+      // The CPU's experts in decode calls (their table entries stay valid for prefill, which reads
+      // them over PCIe, and for staged steps, which read the VRAM copies).
+      const bool cpu = cpu_experts_ && table == d.expert_table && nt <= cuda::kMoeCpuMaxTokens;
+      if (cpu) a.cpu = cpu_experts_->args(d.moe_index);
       if (counts_dev_.ptr) {
         const int64_t E = spec_.n_experts, M = int64_t(moe_layer_.size());
         uint32_t* counts = counts_dev_.as<uint32_t>() + d.moe_index * E;
@@ -932,7 +949,7 @@ void CudaRunner::experts(const DeviceLayer& d, const cuda::ExpertWeights* table,
         a.touches = counts + M * E;
       }
       cuda::moe_experts(d.moe_plan, a, stream_);
-      launches_ += cuda::moe_launches(d.moe_plan, nt, x_rounded != nullptr);
+      launches_ += cuda::moe_launches(d.moe_plan, nt, x_rounded != nullptr, a.cpu.mask != nullptr);
     }
     return;
   }
@@ -1368,7 +1385,49 @@ void CudaRunner::prepare_expert_counts() {
   }
 }
 
+void CudaRunner::start_cpu_experts() {
+  if (!store_ || host_experts_.empty())
+    fail("CUDA runner: CPU experts (--cpu-experts) compute experts the plan puts in host RAM; there are none "
+         "(give --gpu-mem or --plan so that some are)");
+  if (sharded()) fail("CUDA runner: CPU experts are not supported with expert parallelism");
+  if (!moe_blocks_) fail("CUDA runner: CPU experts need block-format experts (internal error)");
+  const offload::CpuExpertsOptions options{.cuda_device = config_.device, .threads = config_.cpu_expert_threads};
+  double share = config_.cpu_expert_share;
+  if (share > 1) fail("CUDA runner: the CPU experts' share {} is not in (0, 1]", share);
+  if (share < 0) {
+    // Balance the two rates: the layer with the most host experts sets the CPU's.
+    int64_t best = -1, most = 0;
+    const int64_t E = spec_.n_experts;
+    for (size_t m = 0; m < moe_layer_.size(); ++m) {
+      int64_t count = 0;
+      for (int64_t e = 0; e < E; ++e) count += offload::on_host(store_->home(moe_layer_[m], e));
+      if (count > most) most = count, best = moe_layer_[m];
+    }
+    const double cpu = best >= 0 ? offload::measure_cpu_expert_gbps(*store_, best, options) : 0.0;
+    const double link = offload::measure_host_reads(config_.device).gbps;
+    share = offload::balanced_cpu_share(cpu, link);
+    cpu_experts_note_ = fmt::format("share {:.2f} from CPU {:.1f} GB/s and link {:.1f} GB/s", share, cpu, link);
+    if (share <= 0) {
+      cpu_experts_note_ += ", so none";
+      return;
+    }
+  } else {
+    cpu_experts_note_ = fmt::format("share {:.2f}", share);
+  }
+  const int64_t E = spec_.n_experts;
+  std::vector<std::vector<uint8_t>> splits;
+  cpu_expert_flags_.assign(moe_layer_.size() * size_t(E), 0);
+  for (size_t m = 0; m < moe_layer_.size(); ++m) {
+    std::vector<uint8_t> on_host(size_t(E), 0);
+    for (int64_t e = 0; e < E; ++e) on_host[size_t(e)] = offload::on_host(store_->home(moe_layer_[m], e));
+    splits.push_back(offload::cpu_expert_split(on_host, share));
+    std::copy(splits.back().begin(), splits.back().end(), cpu_expert_flags_.begin() + int64_t(m) * E);
+  }
+  cpu_experts_ = offload::CpuExperts::start(*store_, moe_layer_, splits, options);
+}
+
 void CudaRunner::after_step(int64_t n_tokens, double seconds) {
+  if (cpu_experts_) cpu_experts_->check();
   if (moe_layer_.empty()) return;
   traffic_.tokens += n_tokens;
   traffic_.step_seconds += seconds;
@@ -1392,7 +1451,9 @@ void CudaRunner::after_step(int64_t n_tokens, double seconds) {
       traffic_.cache_routings += routings[i];
     } else {
       traffic_.host_routings += routings[i];
-      if (!staged) traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
+      // Host bytes are the link's: an expert the CPU computed in this step did not cross it.
+      const bool by_cpu = cpu_experts_ && n_tokens <= cuda::kMoeCpuMaxTokens && cpu_expert_flags_[size_t(i)];
+      if (!staged && !by_cpu) traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
     }
   }
   if (staged) {
@@ -1460,6 +1521,8 @@ std::string CudaRunner::describe() const {
     cache += ", " + staging_note_;
   if (sharded())
     cache += fmt::format(", expert-parallel GPU {} of {}", config_.shard.rank, config_.shard.world);
+  if (cpu_experts_) cache += ", " + cpu_experts_->describe() + " (" + cpu_experts_note_ + ")";
+  else if (!cpu_experts_note_.empty()) cache += ", no CPU experts (" + cpu_experts_note_ + ")";
   return fmt::format("cuda:{} ({}; weights {:.2f} GiB, KV {} blocks of {} in {} = {:.2f} GiB, workspace {:.2f} GiB{})",
                      config_.device, name, weight_bytes_ / 1073741824.0, config_.kv.n_blocks, config_.kv.block_size,
                      kv_format_name(config_.kv.format), kv_bytes_ / 1073741824.0, workspace_bytes_ / 1073741824.0,

@@ -99,6 +99,15 @@ struct CudaRunnerConfig {
   // experts and dense MLPs replicated. Ranks past 0 compute no logits: forward() leaves them empty
   // and forward_sample is rank 0's (make_expert_parallel_runner drives the group).
   ExpertShard shard{};
+  // Host experts computed by CPU threads while the GPU reads the others over PCIe
+  // (offload/cpu_experts.h), in decode calls of up to 8 tokens; needs an expert plan with host
+  // experts. 0: off (every expert on the GPU; output bit-identical to all-in-VRAM). In (0, 1]: that
+  // share of each layer's host experts; < 0: the share that balances the CPU's measured expert rate
+  // against the measured link rate. The CPU's int8 kernels are not bit-identical to the GPU's, so
+  // tokens can differ from all-in-VRAM (as between any two backends); a token's bits still do not
+  // depend on the other sequences of a decode step.
+  double cpu_expert_share = 0;
+  int cpu_expert_threads = 0;  // <= 0: the GPU's NUMA node's cores less two
 };
 
 // Bytes one KV block takes on the CUDA backend (K and V, all layers, scales included): the
@@ -116,6 +125,10 @@ struct CudaRunnerStats {
   // With an expert plan: the routed experts in VRAM and in host RAM, and the store's start-up lines.
   int64_t vram_expert_bytes = 0, host_expert_bytes = 0;
   std::string expert_store_summary;
+  // With CPU experts (config.cpu_expert_share): calls served, expert bytes the CPU read and its busy
+  // time in them, since start-up.
+  int64_t cpu_expert_calls = 0, cpu_expert_bytes = 0;
+  double cpu_expert_busy_seconds = 0;
   // With profile_ops: the last step's device time by op (summed over layers), in step order.
   std::vector<std::pair<std::string, double>> op_ms_last_step;
 };

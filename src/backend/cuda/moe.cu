@@ -92,6 +92,7 @@ struct MoeParams {
   int32_t token_group, act_bytes;  // tokens rounded to int8 at once, and their shared bytes
   bool grouped;     // pairs grouped by moe_group_kernel (groups); else each block gathers its own
   PairGroups groups;
+  CpuExperts cpu;   // mask null: the GPU computes every expert
 };
 
 __device__ __forceinline__ int expert_key(int32_t id, int32_t n_experts) {
@@ -217,6 +218,52 @@ __device__ int gather_pairs(const MoeParams& p, int pair, int* list, int* shared
   return *shared_count;
 }
 
+// Whether the CPU computes expert `key`'s pairs in this call.
+__device__ __forceinline__ bool cpu_key(const MoeParams& p, int key) {
+  return p.cpu.mask && key >= 0 && ((p.cpu.mask[key >> 5] >> (key & 31)) & 1u);
+}
+
+// Block (0, 0) of the gate/up kernel hands the call to the CPU threads: the token rows, ids and
+// weights into the mapped channel, then (after a system-scope fence, so the CPU sees them first)
+// the call's number. Every step publishes, even with no pair for the CPU, so the CPU threads and
+// the combine kernel count calls alike.
+__device__ void publish_for_cpu(const MoeParams& p) {
+  const int n = p.pairs / p.top_k;
+  for (int64_t i = threadIdx.x; i < int64_t(n) * p.hidden; i += blockDim.x) p.cpu.x[i] = p.x[i];
+  for (int i = threadIdx.x; i < p.pairs; i += blockDim.x) {
+    p.cpu.ids[i] = p.ids[i];
+    p.cpu.weights[i] = p.weights[i];
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t call = *p.cpu.calls + 1;
+    *p.cpu.calls = call;
+    p.cpu.channel->layer = p.cpu.layer;
+    p.cpu.channel->n = n;
+    __threadfence_system();
+    p.cpu.channel->request = call;
+  }
+}
+
+// Thread 0 of a block: waits until the CPU has written the rows of the last published call; false
+// (and the call's number in gave_up, which the runner turns into an error) after cpu.timeout_ns.
+__device__ bool wait_for_cpu(const MoeParams& p) {
+  const uint32_t call = *p.cpu.calls;
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  while (p.cpu.channel->done != call) {
+    __nanosleep(256);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start > p.cpu.timeout_ns) {
+      p.cpu.channel->gave_up = call;
+      return false;
+    }
+  }
+  __threadfence_system();  // the rows were written before done
+  return true;
+}
+
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
 template <DType T, int NT>
@@ -229,6 +276,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
   // may start its prologue (fetching its weights) as this grid's blocks retire.
   wait_for_previous_grid();
   allow_next_grid();
+  if (p.cpu.mask && blockIdx.x == 0 && blockIdx.y == 0) publish_for_cpu(p);
   const int staged_bytes = kGateUpWarps * kRowsPerWarp * p.stride + 16 + kGateUpWarps * chain_scratch_floats(T, NT) * 4;
   int* list = reinterpret_cast<int*>(smem + staged_bytes + p.act_bytes);
   // This pair's expert and its table entry are fetched before the scan of the ids, so the table
@@ -250,6 +298,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
     if (p.routings) atomicAdd(&p.routings[key], unsigned(m));
     if (p.touches) atomicAdd(&p.touches[key], 1u);
   }
+  if (cpu_key(p, key)) return;  // counted above: a host expert's routings, computed by the CPU
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = int64_t(blockIdx.x) * kGateUpRows + 2 * warp;
@@ -312,6 +361,12 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
     m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
   }
   const int key = shared_key;
+  if (p.cpu.mask && (m == 0 || cpu_key(p, key))) {
+    // The combine kernel adds the slots; it must not start before the gate/up kernel that published
+    // the call has finished, so every block of this grid waits for it before leaving.
+    wait_for_previous_grid();
+    return;
+  }
   if (m == 0) return;
 
   // How many blocks take part in this tile: one per distinct key among the pairs.
@@ -381,6 +436,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
     }
   }
 
+  if (p.cpu.mask) return;  // moe_cpu_combine_kernel adds the slots, the CPU's rows among them
   // The last of this tile's blocks adds each token's partial rows in slot order.
   __threadfence();
   __syncthreads();
@@ -536,6 +592,34 @@ __global__ void moe_combine_kernel(MoeParams p) {
   }
 }
 
+// With CPU experts: out[t] = the sum of token t's pair rows in slot order, where a pair of a CPU
+// expert reads the CPU's row (already times its weight) from the channel, the others the down
+// kernel's partial rows; the order and the additions of the down kernel's last block.
+__global__ void moe_cpu_combine_kernel(MoeParams p) {
+  __shared__ bool ok;
+  allow_next_grid();
+  wait_for_previous_grid();  // the down kernel's partials, and the gate/up kernel's publication
+  if (threadIdx.x == 0) ok = wait_for_cpu(p);
+  __syncthreads();
+  const int n = p.pairs / p.top_k;
+  for (int t = blockIdx.y; t < n; t += gridDim.y) {
+    for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < p.hidden; c += int64_t(gridDim.x) * blockDim.x) {
+      float s = 0.0f;
+      for (int j = 0; j < p.top_k; ++j) {
+        const int pair = t * p.top_k + j;
+        const int key = expert_key(p.ids[pair], p.n_experts);
+        float v = 0.0f;
+        if (key >= 0) {
+          const int64_t at = int64_t(pair) * p.hidden + c;
+          v = cpu_key(p, key) ? (ok ? __ldcv(p.cpu.rows + at) : 0.0f) : __ldcg(p.partial + at);
+        }
+        s = j == 0 ? v : __fadd_rn(s, v);
+      }
+      p.out[int64_t(t) * p.hidden + c] = s;
+    }
+  }
+}
+
 bool decodable(DType t) { return dispatch_block_type(t, [](auto) {}); }
 
 // Whether a call of n tokens runs a projection of type t on the tensor-core path: grouped calls
@@ -613,8 +697,8 @@ int64_t moe_tokens_per_call(const MoeShape& shape) {
 
 bool moe_reads_rounded_x(const MoePlan& plan, int64_t n) { return use_mmq(plan.shape, plan.shape.gate_up_type, n); }
 
-int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded) {
-  if (n <= kMaxTokenGroup) return kMoeLaunchesPerCall;
+int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded, bool cpu_experts) {
+  if (n <= kMaxTokenGroup) return kMoeLaunchesPerCall + (cpu_experts && n <= kMoeCpuMaxTokens ? 1 : 0);
   int launches = kMoeLaunchesPerCall + 1;
   if (use_mmq(plan.shape, plan.shape.gate_up_type, n) && !x_rounded) launches += 1;
   if (use_mmq(plan.shape, plan.shape.down_type, n)) launches += 2;
@@ -653,6 +737,11 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
   p.pairs = int32_t(a.n * s.top_k);
   // Grouping first for calls past the one-token builds (prefill); decode steps gather in place.
   p.grouped = a.n > kMaxTokenGroup;
+  if (a.cpu.mask && a.n <= kMoeCpuMaxTokens && !p.grouped) {
+    if (!a.cpu.channel || !a.cpu.x || !a.cpu.ids || !a.cpu.weights || !a.cpu.rows || !a.cpu.calls)
+      throw_error("MoE: CPU experts given without their channel (internal error)");
+    p.cpu = a.cpu;
+  }
   {
     int32_t* g = reinterpret_cast<int32_t*>(ws + w.groups);
     const int32_t keys = s.n_experts + 1;
@@ -731,6 +820,10 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(allow_max_dynamic_smem(kernel), "raising the MoE down kernel's shared memory limit");
     check(launch_overlapped(kernel, grid, dim3(kDownWarps * 32), smem, stream, q), "launching the MoE down kernel");
   });
+  if (p.cpu.mask)
+    check(launch_overlapped(moe_cpu_combine_kernel, dim3(unsigned((s.hidden + 255) / 256), unsigned(a.n)), dim3(256), 0,
+                            stream, p),
+          "launching the MoE kernel that adds the CPU experts' rows");
 }
 
 }  // namespace spill::cuda

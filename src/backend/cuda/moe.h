@@ -74,6 +74,32 @@ MoePlan plan_moe(const MoeShape& shape, int64_t max_tokens);
 // Zeroes the workspace's tile counters (once after allocation; the kernels leave them zero).
 void init_moe_workspace(const MoePlan& plan, void* workspace, cudaStream_t stream);
 
+// Host experts computed by the CPU (offload/cpu_experts.h) while the GPU runs the rest of the
+// layer. A call of up to kMoeCpuMaxTokens tokens with `mask` set hands its rows, ids and weights to
+// CPU threads through a channel in mapped pinned memory; the GPU kernels skip the experts whose bit
+// is set, and a last kernel waits for the CPU's rows and adds every token's pairs in slot order
+// (the CPU's pair rows in place of the GPU's partials). Larger calls (prefill) read those experts
+// over PCIe like any host expert: their table entries stay valid mapped addresses.
+struct CpuExpertChannel {  // the header, in mapped pinned memory; 64-byte aligned
+  volatile uint32_t request;  // the GPU's call number, written after the call's data
+  volatile uint32_t done;     // the last call number whose rows the CPU has written
+  volatile uint32_t gave_up;  // a call number whose wait timed out (the step's output is void)
+  int32_t layer;              // the call's MoE layer (the runner's index among MoE layers)
+  int32_t n;                  // the call's tokens
+};
+constexpr int64_t kMoeCpuMaxTokens = 8;
+struct CpuExperts {
+  const uint32_t* mask = nullptr;     // device [ceil(n_experts / 32)]: bit e set: the CPU computes expert e
+  CpuExpertChannel* channel = nullptr;  // device address of the mapped header
+  float* x = nullptr;                 // device address of [kMoeCpuMaxTokens][hidden] in the channel
+  int32_t* ids = nullptr;             // device address of [kMoeCpuMaxTokens * top_k]
+  float* weights = nullptr;           // device address of [kMoeCpuMaxTokens * top_k]
+  const float* rows = nullptr;        // device address of [pairs][hidden]: weight * E(x) of the CPU's pairs
+  uint32_t* calls = nullptr;          // device memory [1]: calls published so far
+  int32_t layer = 0;                  // written into the header with each call
+  uint64_t timeout_ns = 10'000'000'000ull;  // a wait longer than this gives up (gave_up) instead of hanging
+};
+
 struct MoeArgs {
   const ExpertWeights* table = nullptr;  // device memory, [n_experts]
   const float* x = nullptr;              // [n, hidden]
@@ -90,6 +116,8 @@ struct MoeArgs {
   // x already rounded (q set: n rows of hidden; round_rows's bits): the tensor-core gate/up reads
   // these instead of rounding x itself (moe_reads_rounded_x says when it runs).
   RoundedRows x_rounded{};
+  // With cpu.mask set and n <= kMoeCpuMaxTokens: the CPU computes the masked experts' pairs.
+  CpuExperts cpu{};
 };
 
 // Enqueues the two kernels on `stream`.
@@ -99,7 +127,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& args, cudaStream_t stream);
 constexpr int kMoeLaunchesPerCall = 2;
 // Launches of a call of n tokens: calls of more than 8 tokens group their pairs by expert first;
 // a projection on the tensor-core path rounds its activations first, and down adds a combine.
-int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded = false);
+int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded = false, bool cpu_experts = false);
 // Whether a call of n tokens reads its activations rounded (the tensor-core gate/up).
 bool moe_reads_rounded_x(const MoePlan& plan, int64_t n);
 
