@@ -7,9 +7,43 @@
 #     over PCIe, then with the CPU computing a share of them (--cpu-experts auto, and each of SHARES).
 # Packed with tools/gpu/pack_spill.sh --tests; .carry/fin holds llama-src.tar.xz and make_gguf.py.
 #   usage (repo root, device): bash tools/gpu/cpu_experts_round.sh   carry: [".carry/pack.tar.xz", ".carry/fin"]
+# MODE=sweep instead: no llama.cpp (TESTS=1: the tests and sanitizers first); the host's CPU, then the synthetic S30
+# with the experts of NCMOE layers in host RAM: PCIe only, the CPU only (--cpu-experts 1), auto, each of SHARES,
+# auto at each of THREADS threads, with PROFILE=1 per-op device times (eager launches), and handoff_probe if packed.
 cd "$(dirname "$0")/../.."
 . tools/gpu/round_common.sh
 NCMOE="${NCMOE:-14}"
+if [ "${MODE:-}" = sweep ]; then
+  if [ "${TESTS:-0}" = 1 ]; then  # the CPU-experts, quant (the AVX-512 kernels) and MoE tests first
+    gpu_tests 'CpuExperts*:CudaRunnerModels.CpuExperts*:CudaRunnerModels.ExpertsInHostRam*:CudaMoe*:*DotQ8*:DotTokens*:Dot.*' 150
+    sanitize memcheck 'CudaRunnerModels.CpuExperts*' 90
+    sanitize racecheck 'CudaRunnerModels.CpuExperts*' 90
+  fi
+  (lscpu; numactl --hardware 2>/dev/null; cat /sys/kernel/mm/transparent_hugepage/enabled) > "$OUT/cpu.txt" 2>&1
+  grep -E "^(Model name|Thread|Core|Socket|NUMA node|Flags)" "$OUT/cpu.txt" | sed 's/^Flags:.*\(avx512[a-z_]*\).*/Flags: has \1/' | head -12
+  grep -o -E "avx512_vnni|avx_vnni|amx_int8|avx512bw" "$OUT/cpu.txt" | sort -u | tr '\n' ' '; echo
+  syn() {  # name, then flags
+    local name=$1; shift
+    timeout $(budget 60) $B/cuda_decode_bench --shape tests/data/shapes/s30.json --context 512 --steps 24 \
+      --host-layers $NCMOE "$@" > "$OUT/syn-$name.txt" 2>&1
+    echo "== $name: rc=$?"; grep -E "^ +[0-9]+ |CPU experts:|device time by op" "$OUT/syn-$name.txt" | cut -c1-400 | head -9
+  }
+  syn pcie --batches 1,4,8
+  syn cpu-all --batches 1,4,8 --cpu-experts 1
+  syn auto --batches 1,4,8 --cpu-experts auto
+  for s in ${SHARES:-}; do syn cpu-$s --batches 1,4,8 --cpu-experts $s; done
+  for t in ${THREADS:-}; do syn auto-t$t --batches 1,8 --cpu-experts auto --cpu-expert-threads $t; done
+  if [ "${PROFILE:-0}" = 1 ]; then
+    syn auto-profile --batches 1 --cpu-experts auto --profile --no-graphs
+    syn pcie-profile --batches 1 --profile --no-graphs
+  fi
+  stamp
+  if [ "${HANDOFF:-0}" = 1 ] && [ -x $B/handoff_probe ]; then
+    timeout $(budget 120) $B/handoff_probe --phases 384 --reps 7 > "$OUT/handoff.txt" 2>&1; echo "== handoff rc=$?"
+    tail -30 "$OUT/handoff.txt"; stamp
+  fi
+  exit 0
+fi
 SHARES="${SHARES:-0.5 0.7}"
 F=.carry/fin
 . tools/gpu/llama_peer.sh

@@ -223,6 +223,18 @@ __device__ __forceinline__ bool cpu_key(const MoeParams& p, int key) {
   return p.cpu.mask && key >= 0 && ((p.cpu.mask[key >> 5] >> (key & 31)) & 1u);
 }
 
+// System-scope flag accesses on the mapped channel: a release store goes out to host memory at once
+// (a plain or volatile store may wait in the GPU's write path until the kernel ends, which would
+// start the CPU only after the whole gate/up kernel), and an acquire load reads host memory anew.
+__device__ __forceinline__ void store_release_sys(volatile uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t load_acquire_sys(const volatile uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Block (0, 0) of the gate/up kernel hands the call to the CPU threads: the token rows, ids and
 // weights into the mapped channel, then (after a system-scope fence, so the CPU sees them first)
 // the call's number. Every step publishes, even with no pair for the CPU, so the CPU threads and
@@ -242,7 +254,7 @@ __device__ void publish_for_cpu(const MoeParams& p) {
     p.cpu.channel->layer = p.cpu.layer;
     p.cpu.channel->n = n;
     __threadfence_system();
-    p.cpu.channel->request = call;
+    store_release_sys(&p.cpu.channel->request, call);
   }
 }
 
@@ -252,11 +264,11 @@ __device__ bool wait_for_cpu(const MoeParams& p) {
   const uint32_t call = *p.cpu.calls;
   uint64_t start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  while (p.cpu.channel->done != call) {
+  while (load_acquire_sys(&p.cpu.channel->done) != call) {
     __nanosleep(256);
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     if (now - start > p.cpu.timeout_ns) {
-      p.cpu.channel->gave_up = call;
+      store_release_sys(&p.cpu.channel->gave_up, call);
       return false;
     }
   }
