@@ -62,8 +62,9 @@ void add_placement_options(CLI::App* cmd, offload::StartupPlacement& placement) 
                   "taken from --gpu-mem); hit rates in /metrics");
   cmd->add_option("--cpu-experts", placement.cpu_experts,
                   "with --gpu-mem or --plan: CPU threads compute this share of each layer's host experts in decode steps "
-                  "while the GPU reads the others over PCIe, e.g. 60% or 0.6, or auto (balanced against the measured CPU "
-                  "and link rates); output may differ from all-in-VRAM in the last bits (default: off)")
+                  "of up to 8 sequences while the GPU reads the others over PCIe, e.g. 100% or 0.6; auto: all of them "
+                  "where the CPU, measured at start-up, beats the link, else none. Pays where the link is slow against "
+                  "the CPU; output may differ from all-in-VRAM in the last bits (default: off)")
       ->type_name("SHARE|auto");
   cmd->add_option("--cpu-expert-threads", placement.cpu_expert_threads,
                   "with --cpu-experts: CPU threads computing experts (default: the GPU's NUMA node's cores less two)")

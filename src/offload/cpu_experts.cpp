@@ -66,9 +66,9 @@ std::vector<uint8_t> cpu_expert_split(const std::vector<uint8_t>& on_host, doubl
   return cpu;
 }
 
-double balanced_cpu_share(double cpu_gbps, double link_gbps) {
+double auto_cpu_share(double cpu_gbps, double link_gbps) {
   if (!(cpu_gbps > 0) || !(link_gbps > 0)) return 0.0;
-  return cpu_gbps / (cpu_gbps + link_gbps);
+  return cpu_gbps > kAutoCpuMargin * link_gbps ? 1.0 : 0.0;
 }
 
 int64_t cpu_expert_rows(ThreadPool& pool, const CpuExperts::Layer& layer, const float* x, int64_t n,
@@ -163,15 +163,17 @@ double measure_cpu_expert_gbps(const ExpertStore& store, int64_t model_layer, co
   std::thread t([&] {
     if (node >= 0 && numa_available() >= 0) numa_run_on_node(node);
     ThreadPool pool(resolve_threads(options, node));
-    int64_t bytes = 0;
     for (int i = 0; i < 2; ++i) cpu_expert_rows(pool, l, x.data(), 1, ids.data(), weights.data(), rows.data());
-    const Clock::time_point t0 = Clock::now();
-    int calls = 0;
-    while (calls < 5 || Clock::now() - t0 < std::chrono::milliseconds(30)) {
-      bytes += cpu_expert_rows(pool, l, x.data(), 1, ids.data(), weights.data(), rows.data());
-      ++calls;
+    for (int window = 0; window < 5; ++window) {
+      int64_t bytes = 0;
+      const Clock::time_point t0 = Clock::now();
+      int calls = 0;
+      while (calls < 5 || Clock::now() - t0 < std::chrono::milliseconds(20)) {
+        bytes += cpu_expert_rows(pool, l, x.data(), 1, ids.data(), weights.data(), rows.data());
+        ++calls;
+      }
+      gbps = std::max(gbps, double(bytes) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
     }
-    gbps = double(bytes) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
   });
   t.join();
   return gbps;

@@ -37,14 +37,18 @@ class ExpertStore;
 // layer's host experts in index order (without a profile every expert is equally likely).
 std::vector<uint8_t> cpu_expert_split(const std::vector<uint8_t>& on_host, double share);
 
-// The share that makes the CPU's bytes and the link's bytes of a layer finish together:
-// cpu_gbps / (cpu_gbps + link_gbps).
-double balanced_cpu_share(double cpu_gbps, double link_gbps);
+// `--cpu-experts auto`: every host expert to the CPU (1) when its rate alone beats the link's alone
+// by kAutoCpuMargin, else none (0). Not a balance of the two: measured on an H100 host
+// (docs/perf/cpu-experts-2026-12-07.md), the CPU streaming host DRAM slows the GPU's in-place reads
+// of the same DRAM so much that any split ran slower than either side alone.
+inline constexpr double kAutoCpuMargin = 1.15;
+double auto_cpu_share(double cpu_gbps, double link_gbps);
 
 struct CpuExpertsOptions;
 // How fast the CPU threads compute host experts at batch 1 (GB/s of expert bytes): one token
-// through top_k of layer `model_layer`'s host experts, on the threads and node `options` give,
-// timed over a few calls after a warm-up (~50 ms). 0 when the layer has too few host experts.
+// through top_k of layer `model_layer`'s host experts, on the threads and node `options` give; the
+// best of five windows of at least 20 ms after a warm-up (~120 ms; the best, because what else runs
+// on the host only ever slows a window). 0 when the layer has too few host experts.
 double measure_cpu_expert_gbps(const ExpertStore& store, int64_t model_layer, const CpuExpertsOptions& options);
 
 struct CpuExpertsOptions {

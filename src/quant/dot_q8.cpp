@@ -18,8 +18,7 @@ constexpr int64_t kActBlock = 256;
 
 const detail::Q8Kernels& kernels_for(KernelPath p) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (p == KernelPath::Avx512) return detail::kQ8Avx512;
-  if (p == KernelPath::Avx2) return detail::kQ8Avx2;
+  if (p != KernelPath::Scalar) return detail::kQ8Avx2;  // AVX-512 runs the AVX2 integer kernels
 #endif
   (void)p;
   return detail::kQ8Scalar;
@@ -87,7 +86,7 @@ float dot_q8_with(const detail::Q8Kernels& k, DType t, const void* row, const Ac
 KernelPath q8_path() {
   static const KernelPath p = [] {
     const std::string_view name = cpu_kernel_path();  // honours SPILL_CPU_KERNELS
-    return name == "scalar" ? KernelPath::Scalar : name == "avx512" ? KernelPath::Avx512 : KernelPath::Avx2;
+    return name == "scalar" ? KernelPath::Scalar : KernelPath::Avx2;
   }();
   return p;
 }
@@ -228,7 +227,6 @@ DotQ8Tokens tokens_fn_of(DType t) {
 DotQ8Tokens dot_q8_tokens_fn(DType t, int64_t n) {
   (void)dot_q8_row(t, n);  // the same checks, the same errors
 #if defined(__x86_64__) || defined(_M_X64)
-  if (q8_path() == KernelPath::Avx512) return tokens_fn_of<&detail::kQ8Avx512>(t);
   if (q8_path() != KernelPath::Scalar) return tokens_fn_of<&detail::kQ8Avx2>(t);
 #endif
   return tokens_fn_of<&detail::kQ8Scalar>(t);
@@ -240,9 +238,6 @@ DotQ8Row dot_q8_row(DType t, int64_t n) {
     fail("cannot take a q8 dot product over {} weights of {}: rows must be whole blocks of {}", n, dtype_name(t),
          dtype_block_elems(t));
 #if defined(__x86_64__) || defined(_M_X64)
-  if (q8_path() == KernelPath::Avx512) {
-    if (DotQ8Row f = row_fn_of<&detail::kQ8Avx512>(t)) return f;
-  }
   if (q8_path() != KernelPath::Scalar) {
     if (DotQ8Row f = row_fn_of<&detail::kQ8Avx2>(t)) return f;
   }

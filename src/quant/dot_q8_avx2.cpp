@@ -158,67 +158,6 @@ void row_q5_k_x4(const BlockQ5_K* w, const int8_t* const q[4], const int16_t* co
   row_q45_k_n<4, true>(w, q, s16, dx, nb, out);
 }
 
-// Q4_K on AVX-512BW (kQ8Avx512): two 32-byte groups of a super-block per 64-byte register, so the
-// unpacking and the maddubs + madd pairs cover twice the weights per instruction. Group p's
-// products land in the lower half's lanes and group p + 1's in the upper half's, both in the lane
-// dot_q8_paths.h gives their position; the halves are added at the end of the super-block. Integer
-// sums are exact and associative, so the eight lanes, and then every float operation, are the
-// AVX2 kernel's: the same bits.
-#define SPILL_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-SPILL_TARGET_AVX512 inline __m512i join(__m256i lo, __m256i hi) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-template <int NT>
-SPILL_TARGET_AVX512 void row_q4_k_n_avx512(const BlockQ4_K* w, const int8_t* const q[NT], const int16_t* const s16[NT],
-                                           const float* const dx[NT], int64_t nb, float out[NT]) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m256 acc[NT], macc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    uint64_t sc, m;
-    scale_min_words_k4(w[i].scales, sc, m);
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
-    __m512i lanes[NT];
-    for (int t = 0; t < NT; ++t) lanes[t] = _mm512_setzero_si512();
-#pragma GCC unroll 2
-    for (int p = 0; p < 4; p += 2) {  // groups p and p + 1
-      const __m512i bytes = _mm512_loadu_si512(w[i].qs + 32 * p);
-      const __m512i lo = _mm512_and_si512(bytes, low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
-      const __m512i slo = join(spread16(scales, 2 * p), spread16(scales, 2 * p + 2));
-      const __m512i shi = join(spread16(scales, 2 * p + 1), spread16(scales, 2 * p + 3));
-#pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t) {
-        const int8_t* qt = q[t] + kSuperBlock * i + 64 * p;
-        const __m512i xlo = join(load32(qt), load32(qt + 64)), xhi = join(load32(qt + 32), load32(qt + 96));
-        lanes[t] = _mm512_add_epi32(lanes[t], _mm512_madd_epi16(_mm512_maddubs_epi16(lo, xlo), slo));
-        lanes[t] = _mm512_add_epi32(lanes[t], _mm512_madd_epi16(_mm512_maddubs_epi16(hi, xhi), shi));
-      }
-    }
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
-    const __m256i mpairs = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
-    const float d = half(w[i].d), dmin = half(w[i].dmin);
-    for (int t = 0; t < NT; ++t) {
-      const __m256i lanes8 = _mm256_add_epi32(_mm512_castsi512_si256(lanes[t]), _mm512_extracti64x4_epi64(lanes[t], 1));
-      const __m256i min_lanes = _mm256_madd_epi16(load32(s16[t] + 16 * i), mpairs);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[t][i]), _mm256_cvtepi32_ps(lanes8), acc[t]);
-      macc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * dx[t][i]), _mm256_cvtepi32_ps(min_lanes), macc[t]);
-    }
-  }
-  for (int t = 0; t < NT; ++t) out[t] = reduce(_mm256_sub_ps(acc[t], macc[t]));
-}
-SPILL_TARGET_AVX512 float row_q4_k_avx512(const BlockQ4_K* w, const int8_t* q, const int16_t* s16, const float* dx,
-                                          int64_t nb) {
-  float out[1];
-  row_q4_k_n_avx512<1>(w, &q, &s16, &dx, nb, out);
-  return out[0];
-}
-SPILL_TARGET_AVX512 void row_q4_k_x4_avx512(const BlockQ4_K* w, const int8_t* const q[4], const int16_t* const s16[4],
-                                            const float* const dx[4], int64_t nb, float out[4]) {
-  row_q4_k_n_avx512<4>(w, q, s16, dx, nb, out);
-}
-#undef SPILL_TARGET_AVX512
-
 float row_q5_k(const BlockQ5_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
   return row_q45_k<true>(w, q, s16, dx, nb);
 }
@@ -377,10 +316,6 @@ float row_iq4_nl(const BlockIQ4_NL* w, const int8_t* q, const float* dx, int64_t
 
 const Q8Kernels kQ8Avx2 = {row_q8_0, row_q4_k, row_q5_k, row_q6_k,    row_q4_0,    row_q5_0,   row_iq4_nl, q4_1,
                            q5_1,     amax,     round,    sum16,       row_q8_0_x4, row_q4_k_x4, row_q5_k_x4};
-// The AVX2 kernels with Q4_K's on AVX-512BW (the format of most experts); only where the CPU has it.
-const Q8Kernels kQ8Avx512 = {row_q8_0, row_q4_k_avx512, row_q5_k, row_q6_k,    row_q4_0,           row_q5_0,
-                             row_iq4_nl, q4_1,          q5_1,     amax,        round,              sum16,
-                             row_q8_0_x4, row_q4_k_x4_avx512, row_q5_k_x4};
 
 }  // namespace spill::quant::detail
 

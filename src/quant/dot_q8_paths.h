@@ -73,7 +73,6 @@ inline float reduce8(const float* v) {
 extern const Q8Kernels kQ8Scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const Q8Kernels kQ8Avx2;
-extern const Q8Kernels kQ8Avx512;  // kQ8Avx2 with Q4_K on AVX-512BW
 #endif
 
 // Sub-block j's 6-bit scale and min of Q4_K / Q5_K, all eight at once.

@@ -1395,7 +1395,8 @@ void CudaRunner::start_cpu_experts() {
   double share = config_.cpu_expert_share;
   if (share > 1) fail("CUDA runner: the CPU experts' share {} is not in (0, 1]", share);
   if (share < 0) {
-    // Balance the two rates: the layer with the most host experts sets the CPU's.
+    // The faster side alone takes every host expert (offload::auto_cpu_share); the layer with the
+    // most host experts sets the CPU's rate.
     int64_t best = -1, most = 0;
     const int64_t E = spec_.n_experts;
     for (size_t m = 0; m < moe_layer_.size(); ++m) {
@@ -1405,7 +1406,7 @@ void CudaRunner::start_cpu_experts() {
     }
     const double cpu = best >= 0 ? offload::measure_cpu_expert_gbps(*store_, best, options) : 0.0;
     const double link = offload::measure_host_reads(config_.device).gbps;
-    share = offload::balanced_cpu_share(cpu, link);
+    share = offload::auto_cpu_share(cpu, link);
     cpu_experts_note_ = fmt::format("share {:.2f} from CPU {:.1f} GB/s and link {:.1f} GB/s", share, cpu, link);
     if (share <= 0) {
       cpu_experts_note_ += ", so none";
