@@ -53,10 +53,7 @@ BlockMatrix random_matrix(DType t, int64_t rows, int64_t cols, std::mt19937& rng
     const std::vector<float> v = test::random_vector(size_t(cols), rng, 0.5f);
     quant::quantize_row(t, v.data(), m.bytes.data() + r * row_bytes(t, cols), cols);
   }
-  m.view.data = m.bytes.data();
-  m.view.dtype = t;
-  m.view.ndim = 2;
-  m.view.shape = {rows, cols, 0, 0};
+  m.view = TensorView::matrix(m.bytes.data(), t, rows, cols);
   return m;
 }
 

@@ -56,14 +56,7 @@ DeviceBuffer to_device(const std::vector<T>& v) {
   return b;
 }
 
-TensorView view(const void* data, DType t, int64_t rows, int64_t cols) {
-  TensorView v;
-  v.data = data;
-  v.dtype = t;
-  v.ndim = 2;
-  v.shape = {rows, cols, 0, 0};
-  return v;
-}
+TensorView view(const void* data, DType t, int64_t rows, int64_t cols) { return TensorView::matrix(data, t, rows, cols); }
 
 // Weights of type t (F32, BF16, F16) from floats; `stored` holds the bytes.
 std::vector<uint8_t> encode(const std::vector<float>& f, DType t) {

@@ -33,6 +33,15 @@ struct TensorView {
   size_t nbytes() const { return size_t(rows()) * size_t(row_bytes()); }
   // Row r's first byte.
   const uint8_t* row_data(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+  // A [rows, cols] matrix at data (rows of row_bytes each).
+  static TensorView matrix(const void* data, DType type, int64_t rows, int64_t cols) {
+    TensorView v;
+    v.data = data;
+    v.dtype = type;
+    v.ndim = 2;
+    v.shape = {rows, cols, 0, 0};
+    return v;
+  }
   // Slice along the first dimension (expert e of a fused [E, ...] tensor).
   TensorView slice0(int64_t i) const {
     TensorView v = *this;

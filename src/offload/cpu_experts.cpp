@@ -35,15 +35,6 @@ int node_cores(int node) {
   return n > 0 ? n : all;
 }
 
-TensorView matrix(const void* data, DType type, int64_t rows, int64_t cols) {
-  TensorView v;
-  v.data = data;
-  v.dtype = type;
-  v.ndim = 2;
-  v.shape = {rows, cols, 0, 0};
-  return v;
-}
-
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -99,9 +90,9 @@ int64_t cpu_expert_rows(ThreadPool& pool, const CpuExperts::Layer& layer, const 
   std::vector<cpu::MatmulJob> jobs;
   for (Active& a : active) {
     const cuda::ExpertWeights& w = layer.host[size_t(a.expert)];
-    a.g = matrix(w.gate, s.gate_up_type, I, H);
-    a.u = matrix(w.up, s.gate_up_type, I, H);
-    a.d = matrix(w.down, s.down_type, H, I);
+    a.g = TensorView::matrix(w.gate, s.gate_up_type, I, H);
+    a.u = TensorView::matrix(w.up, s.gate_up_type, I, H);
+    a.d = TensorView::matrix(w.down, s.down_type, H, I);
     bytes += int64_t(a.g.nbytes() + a.u.nbytes() + a.d.nbytes());
     const int64_t m = int64_t(a.pairs.size());
     for (int64_t q : a.pairs) a.x.push_back(x + (q / K) * H);
