@@ -938,11 +938,18 @@ TEST(CudaRunnerModels, CpuExpertsKeepTheLogitsWithinTheBoundAndStayBatchInvarian
   // One call per MoE layer per step of up to 8 tokens: the 5-token prefill and the decode steps.
   EXPECT_EQ(st.cpu_expert_calls, 2 * (1 + steps));
   EXPECT_GT(st.cpu_expert_bytes, 0);
-  // Half of the host experts are the CPU's: the link's bytes are those of the GPU's routed experts.
-  EXPECT_LT(after.host_bytes - before.host_bytes, int64_t(steps) * 2 * 2 *
-                                                      int64_t(model->layers[1].experts[0].gate.nbytes() * 2 +
-                                                              model->layers[1].experts[0].down.nbytes()));
   EXPECT_EQ(after.host_routings - before.host_routings, int64_t(steps) * 2 * 2);
+  // One token's top-2 are two distinct experts per layer: each decode step touches 2 x 2 host experts,
+  // each read once, by the CPU or over the link (half of them are the CPU's, so the link reads less
+  // than all); the CPU's bytes are its routings' experts.
+  const LayerWeights& w1 = model->layers[1];
+  const int64_t expert_bytes = int64_t(w1.experts[0].gate.nbytes() + w1.experts[0].up.nbytes() + w1.experts[0].down.nbytes());
+  EXPECT_LT(after.host_bytes - before.host_bytes, int64_t(steps) * 2 * 2 * expert_bytes);
+  const int64_t cpu_routings = after.cpu_routings - before.cpu_routings;
+  EXPECT_GT(cpu_routings, 0);
+  EXPECT_LT(cpu_routings, after.host_routings - before.host_routings);
+  EXPECT_EQ(after.cpu_bytes - before.cpu_bytes, cpu_routings * expert_bytes);
+  EXPECT_EQ(after.cpu_bytes - before.cpu_bytes + after.host_bytes - before.host_bytes, int64_t(steps) * 2 * 2 * expert_bytes);
   std::printf("[ measure ] CPU experts: max |hybrid - gpu| / bound = %.3g; %lld calls, %lld expert bytes on the CPU\n",
               worst, (long long)st.cpu_expert_calls, (long long)st.cpu_expert_bytes);
 }

@@ -299,6 +299,7 @@ TEST_F(ExpertTrafficTest, MetricsEndpointServesTheExactCounts) {
   // The CPU reads every expert where it is: the host, cache and placement series are all 0.
   for (const char* name :
        {"spill:expert_host_routings_total", "spill:expert_cache_routings_total", "spill:expert_host_read_bytes_total",
+        "spill:expert_cpu_routings_total", "spill:expert_cpu_read_bytes_total",
         "spill:expert_staged_steps_total", "spill:expert_staged_bytes_total", "spill:expert_cache_copies_total",
         "spill:expert_cache_copy_bytes_total", "spill:expert_cache_evictions_total",
         "spill:expert_host_routings_per_token", "spill:expert_cache_hit_ratio",

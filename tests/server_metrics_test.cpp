@@ -102,6 +102,8 @@ TEST(ServerMetrics, ExpertSeriesCarryTheRunnersCountsAndTheirQuotients) {
                         .host_routings = 1500,
                         .cache_routings = 500,
                         .host_bytes = int64_t(3) << 32,  // past 2^32: no 32-bit truncation on the way
+                        .cpu_routings = 700,
+                        .cpu_bytes = int64_t(7) << 32,
                         .staged_steps = 3,
                         .staged_bytes = int64_t(5) << 31,
                         .cache_copies = 40,
@@ -122,6 +124,8 @@ TEST(ServerMetrics, ExpertSeriesCarryTheRunnersCountsAndTheirQuotients) {
   EXPECT_EQ(s.at("spill:expert_host_routings_total" + l), double(t.host_routings));
   EXPECT_EQ(s.at("spill:expert_cache_routings_total" + l), double(t.cache_routings));
   EXPECT_EQ(s.at("spill:expert_host_read_bytes_total" + l), double(t.host_bytes));
+  EXPECT_EQ(s.at("spill:expert_cpu_routings_total" + l), double(t.cpu_routings));
+  EXPECT_EQ(s.at("spill:expert_cpu_read_bytes_total" + l), double(t.cpu_bytes));
   EXPECT_EQ(s.at("spill:expert_staged_steps_total" + l), double(t.staged_steps));
   EXPECT_EQ(s.at("spill:expert_staged_bytes_total" + l), double(t.staged_bytes));
   EXPECT_EQ(s.at("spill:expert_cache_copies_total" + l), double(t.cache_copies));

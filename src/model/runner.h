@@ -87,9 +87,11 @@ struct StepResult {
 struct ExpertTraffic {
   int64_t tokens = 0;          // tokens run through the MoE layers (each token once, not per layer)
   int64_t routings = 0;        // (token, slot) pairs over all MoE layers
-  int64_t host_routings = 0;   // of which to an expert read in place from host RAM
+  int64_t host_routings = 0;   // of which to an expert in host RAM (read in place, or computed by the CPU)
   int64_t cache_routings = 0;  // of which to a host expert served from the VRAM expert cache
   int64_t host_bytes = 0;      // expert bytes read over PCIe (a touched host expert once per MoE call)
+  int64_t cpu_routings = 0;    // of host_routings, those the CPU computed (--cpu-experts)
+  int64_t cpu_bytes = 0;       // expert bytes the CPU read for them (once per MoE call); not in host_bytes
   int64_t staged_steps = 0;    // steps that copied every host expert to VRAM once instead (prefill)
   int64_t staged_bytes = 0;    // of host_bytes, those copies
   int64_t cache_copies = 0;    // host experts copied into the VRAM expert cache

@@ -59,8 +59,14 @@ void render_experts(std::string& out, const ExpertTraffic& t, std::string_view l
           double(t.tokens));
   counter("spill:expert_routings_total", "(token, routed expert) pairs, summed over the MoE layers.",
           double(t.routings));
-  counter("spill:expert_host_routings_total", "Routings to an expert read in place from host RAM (over PCIe).",
+  counter("spill:expert_host_routings_total",
+          "Routings to an expert in host RAM: read in place over PCIe, or computed by the CPU (--cpu-experts).",
           double(t.host_routings));
+  counter("spill:expert_cpu_routings_total", "Of the host routings, those the CPU computed (--cpu-experts).",
+          double(t.cpu_routings));
+  counter("spill:expert_cpu_read_bytes_total",
+          "Expert bytes the CPU read to compute host experts (--cpu-experts): a touched expert once per MoE call.",
+          double(t.cpu_bytes));
   counter("spill:expert_cache_routings_total", "Routings to a host expert served from the VRAM expert cache.",
           double(t.cache_routings));
   counter("spill:expert_host_read_bytes_total",

@@ -1454,7 +1454,12 @@ void CudaRunner::after_step(int64_t n_tokens, double seconds) {
       traffic_.host_routings += routings[i];
       // Host bytes are the link's: an expert the CPU computed in this step did not cross it.
       const bool by_cpu = cpu_experts_ && n_tokens <= cuda::kMoeCpuMaxTokens && cpu_expert_flags_[size_t(i)];
-      if (!staged && !by_cpu) traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
+      if (by_cpu) {
+        traffic_.cpu_routings += routings[i];
+        traffic_.cpu_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
+      } else if (!staged) {
+        traffic_.host_bytes += int64_t(touches[i]) * expert_bytes_[size_t(i / E)];
+      }
     }
   }
   if (staged) {

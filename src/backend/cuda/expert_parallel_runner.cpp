@@ -192,6 +192,8 @@ class ExpertParallelRunner final : public ModelRunner {
       t.host_routings += o.host_routings;
       t.cache_routings += o.cache_routings;
       t.host_bytes += o.host_bytes;
+      t.cpu_routings += o.cpu_routings;
+      t.cpu_bytes += o.cpu_bytes;
       t.staged_bytes += o.staged_bytes;
       t.cache_copies += o.cache_copies;
       t.cache_copy_bytes += o.cache_copy_bytes;
