@@ -169,39 +169,46 @@ template <DType T>
 float any_row(const void* row, const ActivationsQ8& a) { return dot_q8(T, row, a); }
 
 // One row against count tokens: four at a time through the build's x4 kernel where it has one for
-// T (Q8_0, Q4_K, Q5_K), the rest one at a time through dot_q8_row's function.
+// T (Q8_0, Q4_K, Q5_K), then two at a time through its x2 kernel, the rest one at a time through
+// dot_q8_row's function. Every token gets the one-token kernel's bits whichever way it went.
 template <const detail::Q8Kernels* K, DType T>
 void tokens_row(const void* row, const ActivationsQ8* acts, int64_t count, float* out, int64_t stride) {
   if (count <= 0) return;
-  // Tokens first .. first + 3 into o; false where the build has no four-token kernel for T.
+  // Tokens first .. first + N - 1 into o; false where the build has no N-token kernel for T.
   float o[4];
-  auto four = [&](int64_t first) {
-    const int8_t* q[4];
-    const float* dx[4];
-    const int16_t* s16[4];
-    for (int k = 0; k < 4; ++k) {
+  auto group = [&]<int N>(int64_t first) {
+    const int8_t* q[N];
+    const float* dx[N];
+    const int16_t* s16[N];
+    for (int k = 0; k < N; ++k) {
       q[k] = acts[first + k].q.data();
       dx[k] = acts[first + k].d.data();
       s16[k] = acts[first + k].sum16.data();
     }
     const int64_t n = acts[first].n;
+    const auto k8 = N == 4 ? K->row_q8_0_x4 : K->row_q8_0_x2;
+    const auto k4 = N == 4 ? K->row_q4_k_x4 : K->row_q4_k_x2;
+    const auto k5 = N == 4 ? K->row_q5_k_x4 : K->row_q5_k_x2;
+    // The x4 and x2 kernels take arrays of 4 and 2; the pointers decay alike.
     if constexpr (T == DType::Q8_0) {
-      if (!K->row_q8_0_x4) return false;
-      K->row_q8_0_x4(static_cast<const BlockQ8_0*>(row), q, dx, n / 32, o);
+      if (!k8) return false;
+      k8(static_cast<const BlockQ8_0*>(row), q, dx, n / 32, o);
     } else if constexpr (T == DType::Q4_K) {
-      if (!K->row_q4_k_x4) return false;
-      K->row_q4_k_x4(static_cast<const BlockQ4_K*>(row), q, s16, dx, n / kSuperBlock, o);
+      if (!k4) return false;
+      k4(static_cast<const BlockQ4_K*>(row), q, s16, dx, n / kSuperBlock, o);
     } else if constexpr (T == DType::Q5_K) {
-      if (!K->row_q5_k_x4) return false;
-      K->row_q5_k_x4(static_cast<const BlockQ5_K*>(row), q, s16, dx, n / kSuperBlock, o);
+      if (!k5) return false;
+      k5(static_cast<const BlockQ5_K*>(row), q, s16, dx, n / kSuperBlock, o);
     } else {
       return false;
     }
     return true;
   };
   int64_t i = 0;
-  for (; i + 4 <= count && four(i); i += 4)
+  for (; i + 4 <= count && group.template operator()<4>(i); i += 4)
     for (int k = 0; k < 4; ++k) out[(i + k) * stride] = o[k];
+  for (; i + 2 <= count && group.template operator()<2>(i); i += 2)
+    for (int k = 0; k < 2; ++k) out[(i + k) * stride] = o[k];
   const DotQ8Row one = dot_q8_row(T, acts[0].n);
   for (; i < count; ++i) out[i * stride] = one(row, acts[i]);
 }

@@ -88,6 +88,9 @@ float row_q8_0(const BlockQ8_0* w, const int8_t* q, const float* dx, int64_t nb)
 void row_q8_0_x4(const BlockQ8_0* w, const int8_t* const q[4], const float* const dx[4], int64_t nb, float out[4]) {
   row_signed_n<4>(w, q, dx, nb, [](const BlockQ8_0& b, const int8_t* x) { return q8_0_products(b, x); }, out);
 }
+void row_q8_0_x2(const BlockQ8_0* w, const int8_t* const q[2], const float* const dx[2], int64_t nb, float out[2]) {
+  row_signed_n<2>(w, q, dx, nb, [](const BlockQ8_0& b, const int8_t* x) { return q8_0_products(b, x); }, out);
+}
 
 // 16 copies of int16 lane j of each 128-bit half of v.
 inline __m256i spread16(__m256i v, int j) { return _mm256_shuffle_epi8(v, _mm256_set1_epi16(short(0x0100 + 0x0202 * j))); }
@@ -156,6 +159,14 @@ void row_q4_k_x4(const BlockQ4_K* w, const int8_t* const q[4], const int16_t* co
 void row_q5_k_x4(const BlockQ5_K* w, const int8_t* const q[4], const int16_t* const s16[4], const float* const dx[4],
                  int64_t nb, float out[4]) {
   row_q45_k_n<4, true>(w, q, s16, dx, nb, out);
+}
+void row_q4_k_x2(const BlockQ4_K* w, const int8_t* const q[2], const int16_t* const s16[2], const float* const dx[2],
+                 int64_t nb, float out[2]) {
+  row_q45_k_n<2, false>(w, q, s16, dx, nb, out);
+}
+void row_q5_k_x2(const BlockQ5_K* w, const int8_t* const q[2], const int16_t* const s16[2], const float* const dx[2],
+                 int64_t nb, float out[2]) {
+  row_q45_k_n<2, true>(w, q, s16, dx, nb, out);
 }
 
 float row_q5_k(const BlockQ5_K* w, const int8_t* q, const int16_t* s16, const float* dx, int64_t nb) {
@@ -315,7 +326,8 @@ float row_iq4_nl(const BlockIQ4_NL* w, const int8_t* q, const float* dx, int64_t
 }  // namespace
 
 const Q8Kernels kQ8Avx2 = {row_q8_0, row_q4_k, row_q5_k, row_q6_k,    row_q4_0,    row_q5_0,   row_iq4_nl, q4_1,
-                           q5_1,     amax,     round,    sum16,       row_q8_0_x4, row_q4_k_x4, row_q5_k_x4};
+                           q5_1,     amax,     round,    sum16,       row_q8_0_x4, row_q4_k_x4, row_q5_k_x4,
+                           row_q8_0_x2, row_q4_k_x2, row_q5_k_x2};
 
 }  // namespace spill::quant::detail
 

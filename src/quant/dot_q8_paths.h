@@ -60,6 +60,14 @@ struct Q8Kernels {
                       const float* const dx[4], int64_t nb, float out[4]);
   void (*row_q5_k_x4)(const BlockQ5_K* w, const int8_t* const q[4], const int16_t* const s16[4],
                       const float* const dx[4], int64_t nb, float out[4]);
+  // Two tokens the same way (the two left after groups of four; an expert's one or two tokens in a
+  // decode batch, where each token alone would unpack the row again). Null where a build has none.
+  void (*row_q8_0_x2)(const BlockQ8_0* w, const int8_t* const q[2], const float* const dx[2], int64_t n_blocks,
+                      float out[2]);
+  void (*row_q4_k_x2)(const BlockQ4_K* w, const int8_t* const q[2], const int16_t* const s16[2],
+                      const float* const dx[2], int64_t nb, float out[2]);
+  void (*row_q5_k_x2)(const BlockQ5_K* w, const int8_t* const q[2], const int16_t* const s16[2],
+                      const float* const dx[2], int64_t nb, float out[2]);
 };
 
 // The lanes' sum: lanes i and i+4, then i and i+2, then 0 and 1.

@@ -157,6 +157,6 @@ void q5_1(const BlockQ5_1* w, const int8_t* q, int64_t nb, int32_t* out) { legac
 }  // namespace
 
 const Q8Kernels kQ8Scalar = {row_q8_0, row_q4_k, row_q5_k, row_q6_k, row_q4_0, row_q5_0, row_iq4_nl, q4_1, q5_1,
-                             amax,     round,    sum16,    nullptr,  nullptr,  nullptr};
+                             amax,     round,    sum16,    nullptr,  nullptr,  nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace spill::quant::detail

@@ -98,6 +98,7 @@ Rate read_bandwidth(spill::ThreadPool& pool, int threads, const std::vector<floa
 struct Result {
   Rate hot, cold;  // GB/s of weight bytes
   Rate batch16;    // 16 tokens at once, in cache: G(weight x token) per second, in Rate's GB/s fields
+  Rate cold2;      // 2 tokens at once, streamed: weight GB/s (an expert's two tokens in a decode batch)
 };
 
 // What spill::cpu::matmul does for a prefer_dot_q8 format (each token's activations rounded
@@ -152,6 +153,9 @@ Result measure(spill::ThreadPool& pool, int threads, DType t, int64_t M, int64_t
   r.cold = best_rate(min_seconds, threads, double(n_mats * mat_bytes), [&] {
     for (size_t i = 0; i < n_mats; ++i) mm(x.data(), 1, view_of(i), y.data());
   });
+  r.cold2 = best_rate(min_seconds, threads, double(n_mats * mat_bytes), [&] {
+    for (size_t i = 0; i < n_mats; ++i) mm(x.data(), 2, view_of(i), y.data());
+  });
   // Prefill-like: 16 tokens through the same matrix (weight-token products per second).
   r.batch16 = best_rate(min_seconds, threads, double(M * K * kBatch), [&] {
     mm(x.data(), kBatch, view_of(0), y.data());
@@ -180,8 +184,8 @@ int main(int argc, char** argv) {
     const Rate bw = read_bandwidth(pool, threads, buf, secs);
     std::printf("threads: %d, measured read bandwidth: %.1f GB/s wall, %.1f GB/s per CPU-second per thread\n\n",
                 threads, bw.wall, bw.cpu);
-    std::printf("| type | activations | bits/weight | in cache GB/s (wall / cpu) | streamed GB/s (wall / cpu) | streamed / bandwidth (cpu) | streamed Gweights/s (cpu) | 16 tokens, in cache: Gweight-tokens/s (cpu) |\n");
-    std::printf("|---|---|---|---|---|---|---|---|\n");
+    std::printf("| type | activations | bits/weight | in cache GB/s (wall / cpu) | streamed GB/s (wall / cpu) | streamed / bandwidth (cpu) | streamed Gweights/s (cpu) | 2 tokens, streamed GB/s (cpu) | 16 tokens, in cache: Gweight-tokens/s (cpu) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
     for (DType t : types)
     for (auto mode : {spill::cpu::ActivationMode::F32, spill::cpu::ActivationMode::Q8}) {
       if (!selected(only, spill::dtype_name(t))) continue;
@@ -191,10 +195,10 @@ int main(int argc, char** argv) {
       const Result r = measure(pool, threads, t, M, K, secs, stream_bytes, q8 && !spill::quant::prefer_dot_q8(t));
       const double bpw = spill::dtype_bits_per_weight(t);
       const bool is_default = q8 == spill::quant::prefer_dot_q8(t);
-      std::printf("| %s | %s%s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f | %.2f |\n",
+      std::printf("| %s | %s%s | %.4g | %.1f / %.1f | %.1f / %.1f | %.0f%% | %.2f | %.1f | %.2f |\n",
                   std::string(spill::dtype_name(t)).c_str(), spill::cpu::activation_mode_name(mode),
                   is_default ? " (default)" : "", bpw, r.hot.wall, r.hot.cpu, r.cold.wall, r.cold.cpu,
-                  100 * r.cold.cpu / bw.cpu, r.cold.cpu * 8 / bpw, r.batch16.cpu);
+                  100 * r.cold.cpu / bw.cpu, r.cold.cpu * 8 / bpw, r.cold2.cpu, r.batch16.cpu);
       std::fflush(stdout);
     }
     std::printf("\n");
