@@ -67,15 +67,15 @@ TEST(CpuExperts, RowsAreTheCpuRunnersExpertOutputsPerPair) {
     up.push_back(random_matrix(DType::Q4_K, I, H, rng));
     down.push_back(random_matrix(DType::Q6_K, H, I, rng));
   }
-  offload::CpuExperts::Layer layer;
-  layer.shape = {.hidden = H, .width = I, .n_experts = int32_t(E), .top_k = 1, .gate_up_type = DType::Q4_K,
-                 .down_type = DType::Q6_K};
+  const cuda::MoeShape shape{.hidden = H, .width = I, .n_experts = int32_t(E), .top_k = 1,
+                             .gate_up_type = DType::Q4_K, .down_type = DType::Q6_K};
+  std::vector<cuda::ExpertWeights> host;
   std::vector<cpu::ExpertView> views;
   for (int64_t e = 0; e < E; ++e) {
-    layer.host.push_back({gate[size_t(e)].bytes.data(), up[size_t(e)].bytes.data(), down[size_t(e)].bytes.data()});
+    host.push_back({gate[size_t(e)].bytes.data(), up[size_t(e)].bytes.data(), down[size_t(e)].bytes.data()});
     views.push_back({&gate[size_t(e)].view, &up[size_t(e)].view, &down[size_t(e)].view});
   }
-  layer.cpu = {1, 0, 1, 1, 0, 1};
+  offload::CpuExperts::Layer layer = offload::cpu_layer(shape, host, {1, 0, 1, 1, 0, 1});
   const std::vector<float> x = test::random_vector(size_t(n * H), rng);
   ThreadPool pool(2);
   for (int64_t k : {1, 2}) {

@@ -62,68 +62,37 @@ double auto_cpu_share(double cpu_gbps, double link_gbps) {
   return cpu_gbps > kAutoCpuMargin * link_gbps ? 1.0 : 0.0;
 }
 
+CpuExperts::Layer cpu_layer(const cuda::MoeShape& shape, std::vector<cuda::ExpertWeights> host, std::vector<uint8_t> cpu) {
+  CpuExperts::Layer l;
+  l.shape = shape;
+  l.host = std::move(host);
+  l.cpu = std::move(cpu);
+  const int64_t H = shape.hidden, I = shape.width;
+  l.mats.reserve(3 * l.host.size());
+  for (const cuda::ExpertWeights& w : l.host) {
+    l.mats.push_back(TensorView::matrix(w.gate, shape.gate_up_type, I, H));
+    l.mats.push_back(TensorView::matrix(w.up, shape.gate_up_type, I, H));
+    l.mats.push_back(TensorView::matrix(w.down, shape.down_type, H, I));
+  }
+  for (size_t e = 0; e < l.host.size(); ++e) l.views.push_back({&l.mats[3 * e], &l.mats[3 * e + 1], &l.mats[3 * e + 2]});
+  return l;
+}
+
 int64_t cpu_expert_rows(ThreadPool& pool, const CpuExperts::Layer& layer, const float* x, int64_t n,
                         const int32_t* ids, const float* weights, float* rows) {
-  const cuda::MoeShape& s = layer.shape;
-  const int64_t H = s.hidden, I = s.width, K = s.top_k, E = s.n_experts;
-  struct Active {
-    int64_t expert = 0;
-    std::vector<int64_t> pairs;
-    std::vector<const float*> x, act_rows;
-    std::vector<float> gate, up, y;
-    TensorView g, u, d;
-  };
-  std::vector<Active> active;
-  for (int64_t q = 0; q < n * K; ++q) {
-    const int32_t id = ids[q];
-    if (id < 0 || id >= E || !layer.cpu[size_t(id)]) continue;
-    auto it = std::find_if(active.begin(), active.end(), [&](const Active& a) { return a.expert == id; });
-    if (it == active.end()) {
-      active.push_back({});
-      it = active.end() - 1;
-      it->expert = id;
-    }
-    it->pairs.push_back(q);
-  }
-  if (active.empty()) return 0;
-  int64_t bytes = 0;
-  std::vector<cpu::MatmulJob> jobs;
-  for (Active& a : active) {
-    const cuda::ExpertWeights& w = layer.host[size_t(a.expert)];
-    a.g = TensorView::matrix(w.gate, s.gate_up_type, I, H);
-    a.u = TensorView::matrix(w.up, s.gate_up_type, I, H);
-    a.d = TensorView::matrix(w.down, s.down_type, H, I);
-    bytes += int64_t(a.g.nbytes() + a.u.nbytes() + a.d.nbytes());
-    const int64_t m = int64_t(a.pairs.size());
-    for (int64_t q : a.pairs) a.x.push_back(x + (q / K) * H);
-    a.gate.resize(size_t(m * I));
-    a.up.resize(size_t(m * I));
-    a.y.resize(size_t(m * H));
-    for (int64_t r = 0; r < m; ++r) a.act_rows.push_back(a.gate.data() + r * I);
-  }
-  // Every active expert's gate and up in one loop of the pool, then every down in one more.
-  for (Active& a : active) {
-    jobs.push_back({&a.g, a.x.data(), int64_t(a.pairs.size()), a.gate.data(), nullptr});
-    jobs.push_back({&a.u, a.x.data(), int64_t(a.pairs.size()), a.up.data(), nullptr});
-  }
-  cpu::matmul_jobs(pool, jobs);
-  jobs.clear();
-  for (Active& a : active) {
-    for (size_t i = 0; i < a.gate.size(); ++i) {
-      const float g = a.gate[i];
-      a.gate[i] = g / (1.0f + std::exp(-g)) * a.up[i];
-    }
-    jobs.push_back({&a.d, a.act_rows.data(), int64_t(a.pairs.size()), a.y.data(), nullptr});
-  }
-  cpu::matmul_jobs(pool, jobs);
-  for (const Active& a : active)
-    for (size_t r = 0; r < a.pairs.size(); ++r) {
-      const int64_t q = a.pairs[r];
-      const float w = weights[q];
-      const float* y = a.y.data() + r * size_t(H);
-      float* out = rows + q * H;
-      for (int64_t j = 0; j < H; ++j) out[j] = w * y[j];
-    }
+  const int64_t H = layer.shape.hidden;
+  int64_t bytes = 0, last = -1;
+  cpu::moe_expert_outputs(pool, x, n, H, layer.shape.top_k, ids, layer.views, layer.cpu.data(),
+                          [&](int64_t pair, const float* y) {
+                            const float w = weights[pair];
+                            float* out = rows + pair * H;
+                            for (int64_t j = 0; j < H; ++j) out[j] = w * y[j];
+                            if (ids[pair] != last) {  // experts come in order: each counted once
+                              last = ids[pair];
+                              const cpu::ExpertView& v = layer.views[size_t(last)];
+                              bytes += int64_t(v.gate->nbytes() + v.up->nbytes() + v.down->nbytes());
+                            }
+                          });
   return bytes;
 }
 
@@ -135,17 +104,17 @@ int resolve_threads(const CpuExpertsOptions& o, int node) {
 }  // namespace
 
 double measure_cpu_expert_gbps(const ExpertStore& store, int64_t model_layer, const CpuExpertsOptions& options) {
-  CpuExperts::Layer l;
-  l.shape = store.shape(model_layer);
-  l.host = store.cpu_table(model_layer);
-  l.cpu.assign(l.host.size(), 0);
-  const int64_t H = l.shape.hidden, K = l.shape.top_k;
+  const cuda::MoeShape shape = store.shape(model_layer);
+  const std::vector<cuda::ExpertWeights>& host = store.cpu_table(model_layer);
+  const int64_t H = shape.hidden, K = shape.top_k;
+  std::vector<uint8_t> take(host.size(), 0);
   std::vector<int32_t> ids;
-  for (size_t e = 0; e < l.host.size() && int64_t(ids.size()) < K; ++e)
-    if (l.host[e].gate) {
-      l.cpu[e] = 1;
+  for (size_t e = 0; e < host.size() && int64_t(ids.size()) < K; ++e)
+    if (host[e].gate) {
+      take[e] = 1;
       ids.push_back(int32_t(e));
     }
+  const CpuExperts::Layer l = cpu_layer(shape, host, std::move(take));
   if (int64_t(ids.size()) < K) return 0.0;
   std::vector<float> x(static_cast<size_t>(H)), weights(static_cast<size_t>(K), 1.0f / float(K)), rows(static_cast<size_t>(K * H));
   for (int64_t i = 0; i < H; ++i) x[size_t(i)] = std::sin(0.1f * float(i));
@@ -184,9 +153,7 @@ std::unique_ptr<CpuExperts> CpuExperts::start(const ExpertStore& store, const st
     Layer l;
     const bool any = std::any_of(cpu_experts[i].begin(), cpu_experts[i].end(), [](uint8_t v) { return v != 0; });
     if (any) {
-      l.shape = store.shape(model_layers[i]);
-      l.host = store.cpu_table(model_layers[i]);
-      l.cpu = cpu_experts[i];
+      l = cpu_layer(store.shape(model_layers[i]), store.cpu_table(model_layers[i]), cpu_experts[i]);
       if (l.cpu.size() != l.host.size())
         fail("CPU experts: layer {} has {} experts, the choice {} (internal error)", model_layers[i], l.host.size(), l.cpu.size());
       if (c->hidden_ == 0) c->hidden_ = l.shape.hidden, c->top_k_ = l.shape.top_k, c->n_experts_ = l.shape.n_experts;

@@ -3,14 +3,14 @@
 //
 // A host byte reaches the GPU at the link's rate (30-50 GB/s); the CPU reads the same DRAM at
 // 60-100 GB/s. So a share of each layer's host experts is given to the CPU: a static choice per
-// expert made at start-up (CpuExpertSplit), so that a (token, expert) pair is always computed by the
+// expert made at start-up (cpu_expert_split), so that a (token, expert) pair is always computed by the
 // same side whatever else is in the batch (batch invariance holds without the CPU's kernels being
 // bit-identical to the GPU's).
 //
 // Per decode call of a MoE layer (cuda::CpuExperts): the GPU's gate/up kernel writes the call's rows,
 // ids and weights into a channel in mapped pinned memory and raises the call's number; one thread
 // here (bound to the GPU's NUMA node, with a pool of workers it made there) sees it, runs the CPU
-// backend's int8 expert kernels (cpu::matmul_jobs) for the pairs routed to its experts, writes each
+// runner's int8 expert path (cpu::moe_expert_outputs) for the pairs routed to its experts, writes each
 // pair's weight * E(x) row back into the channel and raises `done`; the GPU's combine kernel waits
 // for that and adds all pairs in slot order. The GPU's own experts, in VRAM and in host RAM, run
 // meanwhile. No host synchronisation enters the step (it may be a CUDA graph replay).
@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "backend/cuda/moe.h"
 #include "core/thread_pool.h"
 
@@ -89,10 +90,18 @@ class CpuExperts {
   std::string describe() const;
 
   // What the thread knows of one MoE layer.
+  // Made by cpu_layer; movable, not copyable (views points into mats).
   struct Layer {
     cuda::MoeShape shape{};
     std::vector<cuda::ExpertWeights> host;  // host addresses, [n_experts]
     std::vector<uint8_t> cpu;               // [n_experts]: 1 where the CPU computes the expert
+    std::vector<TensorView> mats;           // gate, up, down of each expert with host addresses
+    std::vector<cpu::ExpertView> views;     // [n_experts], into mats: cpu::moe_expert_outputs's experts
+    Layer() = default;
+    Layer(Layer&&) = default;
+    Layer& operator=(Layer&&) = default;
+    Layer(const Layer&) = delete;
+    Layer& operator=(const Layer&) = delete;
   };
 
  private:
@@ -116,10 +125,14 @@ class CpuExperts {
   std::atomic<uint64_t> calls_{0}, pairs_{0}, bytes_{0}, busy_ns_{0};
 };
 
+// A layer as the CPU threads see it: the experts at their host addresses (null for those not in
+// host RAM; none of those may be marked in cpu).
+CpuExperts::Layer cpu_layer(const cuda::MoeShape& shape, std::vector<cuda::ExpertWeights> host, std::vector<uint8_t> cpu);
+
 // One call's CPU rows, the work of the channel's thread: for every pair q of the n tokens whose id
 // is an expert with layer.cpu set, rows[q] = weights[q] * E(x[q / top_k]) (hidden floats, from
-// cpu::matmul_jobs's int8 kernels and silu(gate) * up); other rows are left alone. Returns the
-// expert bytes read (each expert once however many pairs it has).
+// cpu::moe_expert_outputs: the CPU runner's int8 expert path); other rows are left alone. Returns
+// the expert bytes read (each expert once however many pairs it has).
 int64_t cpu_expert_rows(ThreadPool& pool, const CpuExperts::Layer& layer, const float* x, int64_t n,
                         const int32_t* ids, const float* weights, float* rows);
 

@@ -137,13 +137,14 @@ void swiglu_mlp(ThreadPool& pool, const float* x, int64_t n, const ExpertView& m
   matmul(pool, gate.data(), n, *mlp.down, out, mlp.down_bias);
 }
 
-void moe_experts(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, int64_t k, const int32_t* ids,
-                 const float* weights, std::span<const ExpertView> experts, float* out, const ActivationParams& act) {
+void moe_expert_outputs(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, int64_t k, const int32_t* ids,
+                        std::span<const ExpertView> experts, const uint8_t* take,
+                        const std::function<void(int64_t, const float*)>& emit, const ActivationParams& act) {
   // Group (token, slot) pairs by expert so each expert's weights are read once per step.
   const int64_t E = int64_t(experts.size());
   std::vector<std::vector<int64_t>> routed(static_cast<size_t>(E));  // entries: token * k + slot
-  for (int64_t i = 0; i < n * k; ++i) routed[size_t(ids[i])].push_back(i);
-  std::fill(out, out + n * hidden, 0.0f);
+  for (int64_t i = 0; i < n * k; ++i)
+    if (ids[i] >= 0 && ids[i] < E && (!take || take[ids[i]])) routed[size_t(ids[i])].push_back(i);
   // Every chosen expert's gate and up in one loop of the pool, then every down in one more: each
   // product is the matmul it would be alone (matmul_jobs), so a token's result is the same in any
   // batch, and a decode step hands the pool two loops instead of three per expert.
@@ -178,17 +179,23 @@ void moe_experts(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, in
     jobs.push_back({ev.down, a.hidden_rows.data(), int64_t(a.x.size()), a.y.data(), ev.down_bias});
   }
   matmul_jobs(pool, jobs);
-  // A token's contributions are added in ascending expert order whatever the batch is.
   for (const Active& a : active) {
     const auto& entries = routed[size_t(a.expert)];
-    for (size_t r = 0; r < entries.size(); ++r) {
-      const int64_t token = entries[r] / k;
-      const float w = weights[entries[r]];
-      float* o = out + token * hidden;
-      const float* y = a.y.data() + r * size_t(hidden);
-      for (int64_t j = 0; j < hidden; ++j) o[j] += w * y[j];
-    }
+    for (size_t r = 0; r < entries.size(); ++r) emit(entries[r], a.y.data() + r * size_t(hidden));
   }
+}
+
+void moe_experts(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, int64_t k, const int32_t* ids,
+                 const float* weights, std::span<const ExpertView> experts, float* out, const ActivationParams& act) {
+  std::fill(out, out + n * hidden, 0.0f);
+  // A token's contributions are added in ascending expert order whatever the batch is.
+  moe_expert_outputs(pool, x, n, hidden, k, ids, experts, nullptr,
+                     [&](int64_t pair, const float* y) {
+                       const float w = weights[pair];
+                       float* o = out + (pair / k) * hidden;
+                       for (int64_t j = 0; j < hidden; ++j) o[j] += w * y[j];
+                     },
+                     act);
 }
 
 }  // namespace spill::cpu

@@ -3,6 +3,7 @@
 // does not depend on the batch: a token's result is the same alone or in any batch.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 
@@ -158,6 +159,16 @@ struct SigmoidRouterParams {
 // renormalised (+1e-20) if asked, times routed_scaling_factor. Rows ordered by descending weight.
 void route_sigmoid_grouped(const SigmoidRouterParams& params, const float* router_logits, int64_t n,
                            int64_t n_experts, int64_t k, int32_t* ids, float* weights);
+
+// Each routed expert's output per (token, slot) pair, before its weight: for every pair q of the n
+// tokens whose id is in [0, experts.size()) and, where `take` is given, has take[id] set,
+// emit(q, y) with y = expert(x[q / k]) (H floats, valid during the call), experts in ascending
+// order and an expert's pairs in pair order. Each expert runs once over the tokens routed to it
+// (every active expert's gate and up in one loop of the pool, every down in one more), and each
+// product is the matmul it would be alone, so a pair's y is the same in any batch.
+void moe_expert_outputs(ThreadPool& pool, const float* x, int64_t n, int64_t hidden, int64_t k, const int32_t* ids,
+                        std::span<const ExpertView> experts, const uint8_t* take,
+                        const std::function<void(int64_t pair, const float* y)>& emit, const ActivationParams& act = {});
 
 // out[t] = sum over the token's k experts of weight * expert(x[t]); experts run once each over
 // the tokens routed to them. out: [n, H], overwritten.

@@ -103,9 +103,9 @@ struct CudaRunnerConfig {
   // (offload/cpu_experts.h), in decode calls of up to 8 tokens; needs an expert plan with host
   // experts. 0: off (every expert on the GPU; output bit-identical to all-in-VRAM). In (0, 1]: that
   // share of each layer's host experts; < 0 (auto): all of them where the CPU's measured expert rate
-  // beats the measured link rate (offload::auto_cpu_share), else none. The CPU's int8 kernels are not bit-identical to the GPU's, so
-  // tokens can differ from all-in-VRAM (as between any two backends); a token's bits still do not
-  // depend on the other sequences of a decode step.
+  // beats the measured link rate (offload::auto_cpu_share), else none. The CPU's int8 kernels are
+  // not bit-identical to the GPU's, so tokens can differ from all-in-VRAM (as between any two
+  // backends); a token's bits still do not depend on the other sequences of a decode step.
   double cpu_expert_share = 0;
   int cpu_expert_threads = 0;  // <= 0: the GPU's NUMA node's cores less two
 };
