@@ -122,9 +122,10 @@ TEST_P(CudaGemvTest, MatchesCpuTwinOverAwkwardShapes) {
 TEST_P(CudaGemvTest, TokenAloneIsBitIdenticalToTokenInBatch) {
   SPILL_SKIP_WITHOUT_GPU();
   const DType t = GetParam();
-  // A batch of 8 (the decode kernels' 8-token build) and of 100 (the tensor-core path where the
-  // format has one); 3072 columns K-split into chunks.
-  for (int64_t n : {8, 100}) {
+  // Batches of 3, 8 and 17 (the tensor-core decode tile where the format has an MmqFormat, the
+  // decode kernels' 8-token build where not; 17: three token tiles) and of 100 (the tensor-core
+  // prefill tiles); 3072 columns K-split into chunks.
+  for (int64_t n : {3, 8, 17, 100}) {
   SCOPED_TRACE("batch " + std::to_string(n));
   const GemvCase batch{t, 77, 3072, n, false};
   std::vector<uint8_t> w;

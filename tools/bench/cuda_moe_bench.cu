@@ -333,12 +333,14 @@ int main(int argc, char** argv) {
     CHECK(cudaStreamDestroy(s));
     return 0;
   }
-  std::printf("\nDense GEMV, Q8_0, y = x W^T (1 kernel each)\n");
+  std::printf("\nDense GEMV, Q8_0, y = x W^T (1 kernel; from batch 2 the tensor-core decode tile and the rounding of x: 2)\n");
   std::printf("%-22s %5s %9s %8s %9s %8s %7s\n", "in -> out", "batch", "MB", "floor us", "us", "GB/s", "%HBM");
-  // S30's stacked q/k/v (2048 -> 5120) and o (4096 -> 2048), S235's q (4096 -> 8192), small ones.
-  const int64_t gemv_shapes[][2] = {{2048, 5120}, {4096, 2048}, {4096, 8192}, {2048, 4096}, {4096, 512}, {2048, 512}};
+  // S30's stacked q/k/v (2048 -> 5120), o (4096 -> 2048) and LM head (2048 -> 151936), S235's q
+  // (4096 -> 8192), small ones.
+  const int64_t gemv_shapes[][2] = {{2048, 5120}, {4096, 2048}, {2048, 151936}, {4096, 8192}, {2048, 4096},
+                                    {4096, 512},  {2048, 512}};
   for (const auto& gs : gemv_shapes)
-    for (int64_t n : {1, 4, 8}) {
+    for (int64_t n : {1, 2, 4, 8}) {
       const GemvResult r = bench_gemv(DType::Q8_0, gs[0], gs[1], n, s);
       char name[32];
       std::snprintf(name, sizeof name, "%lld -> %lld", (long long)gs[0], (long long)gs[1]);

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
   for (int t0 = 0; t0 < p.n; t0 += p.token_group) {
     const int tokens = int(p.n - t0 < p.token_group ? p.n - t0 : p.token_group);
     __syncthreads();  // the previous group's activations are no longer read
-    quantize_tokens([&](int t) { return x + (t0 + t) * p.cols + k0; }, tokens, k_len, xq,
+    quantize_tokens<NT == 1 ? 2 : 4>([&](int t) { return x + (t0 + t) * p.cols + k0; }, tokens, k_len, xq,
                     [](const XT* q, float v[8]) { load_x8<XT>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
@@ -168,6 +168,80 @@ __global__ void __launch_bounds__(kMmqThreads) mmq_dense_kernel(MmqDenseParams p
       });
 }
 
+// The decode tile: 64 rows (4 warps along the rows, 16 each) x 8 tokens of one K-chunk of the
+// plan's split, on int8 tensor cores. Each block's chunk chain is mmq_tile's (block_dot.cuh's
+// arithmetic); the chunks' partials are added in chunk order by the last block of each (row tile,
+// token tile), as gemv_kernel adds them, so a token gets the bits of every other path.
+struct MmqDecodeParams {
+  const uint8_t* weights;
+  RoundedRows acts;
+  float* y;
+  float* partial;     // [k_splits][n][rows]
+  int32_t* counters;  // [token tiles][row tiles]
+  int64_t rows, cols, row_bytes, k_chunk, n;
+  int32_t k_splits;
+};
+constexpr int kDecodeRowWarps = 4;
+template <DType T>
+using DecodeTile = MmqTile<T, 1, 1, kDecodeRowWarps>;
+
+template <DType T>
+__global__ void __launch_bounds__(kMmqThreads) mmq_decode_kernel(MmqDecodeParams p) {
+  using Tile = DecodeTile<T>;
+  using U = Unit<T>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ bool last_block;
+  const int64_t row0 = int64_t(blockIdx.x) * Tile::BM, t0 = int64_t(blockIdx.z) * Tile::BN;
+  const int split = int(blockIdx.y);
+  const int64_t k0 = int64_t(split) * p.k_chunk;
+  const int64_t k_len = min(p.k_chunk, p.cols - k0);
+  const int64_t seg0 = k0 / U::kBlockElems * U::kBlockBytes;
+  allow_next_grid();
+  RoundedRows acts = p.acts;  // this chunk's columns: k0 is a whole number of activation blocks
+  acts.q += k0;
+  acts.d += k0 / kActBlock;
+  const int k_steps = int((k_len + kMmqKTile - 1) / kMmqKTile);
+  // The weights of the first K step are requested before waiting for the previous kernel (they do
+  // not depend on it); the activations after.
+  mmq_tile<T, 1, 1, false, kDecodeRowWarps, true>(
+      smem,
+      [&](int tr) {
+        const int64_t r = row0 + tr < p.rows ? row0 + tr : p.rows - 1;  // past the end: repeat a valid row
+        return p.weights + r * p.row_bytes + seg0;
+      },
+      [&](int tt) { return t0 + tt < p.n ? t0 + tt : p.n - 1; }, acts, k_steps, k_steps, k_len,
+      [&](int, int tr, int tt, float v) {
+        const int64_t row = row0 + tr, t = t0 + tt;
+        if (row >= p.rows || t >= p.n) return;
+        if (p.k_splits == 1) p.y[t * p.rows + row] = v;
+        else p.partial[(int64_t(split) * p.n + t) * p.rows + row] = v;
+      });
+  if (p.k_splits == 1) return;
+  // The last block of this (row tile, token tile) to finish adds the chunks' partial sums in chunk order.
+  const int tile = int(blockIdx.z * gridDim.x + blockIdx.x);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&p.counters[tile], 1) == p.k_splits - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < Tile::BM * Tile::BN; i += blockDim.x) {
+    const int64_t row = row0 + i % Tile::BM, t = t0 + i / Tile::BM;
+    if (row >= p.rows || t >= p.n) continue;
+    float s = __ldcg(&p.partial[t * p.rows + row]);
+    for (int c = 1; c < p.k_splits; ++c) s = __fadd_rn(s, __ldcg(&p.partial[(int64_t(c) * p.n + t) * p.rows + row]));
+    p.y[t * p.rows + row] = s;
+  }
+  if (threadIdx.x == 0) p.counters[tile] = 0;
+}
+
+// The smallest call the decode tile takes (SPILL_GEMV_MMA_FROM; 0 turns it off, 1 takes batch 1
+// too: for measurement). Read once per process.
+int64_t decode_mma_from() {
+  static const int64_t v = env_int("SPILL_GEMV_MMA_FROM", 2, 0, kMmqMinTokens);
+  return v;
+}
+
 int64_t segment_bytes(DType type, int64_t k) { return row_bytes(type, k); }
 
 // Tokens per group: as many as kActSmemBudget holds, up to kMaxTokenGroup.
@@ -206,9 +280,12 @@ WorkspaceLayout workspace_layout(const GemvPlan& plan) {
   w.gemv_max_n = plan.mmq ? std::min<int64_t>(plan.max_n, kMmqMinTokens - 1) : plan.max_n;
   const int64_t partial = plan.k_splits > 1 ? int64_t(plan.k_splits) * w.gemv_max_n * plan.rows * 4 : 0;
   w.counters = partial;
-  w.counter_bytes = plan.k_splits > 1 ? plan.row_tiles * 4 : 0;
+  // A counter per tile of 16 rows (gemv_kernel), or per 64 rows x 8 tokens (mmq_decode_kernel).
+  const int64_t decode_tiles = plan.mma_from > 0 ? (plan.rows + 63) / 64 * ((w.gemv_max_n + 7) / 8) : 0;
+  w.counter_bytes = plan.k_splits > 1 ? std::max(plan.row_tiles, decode_tiles) * 4 : 0;
   w.rounded = (w.counters + w.counter_bytes + 15) / 16 * 16;
-  w.bytes = plan.mmq ? w.rounded + rounded_rows_bytes(plan.max_n, plan.cols) : w.counters + w.counter_bytes;
+  const bool rounds = plan.mmq || plan.mma_from > 0;
+  w.bytes = rounds ? w.rounded + rounded_rows_bytes(plan.max_n, plan.cols) : w.counters + w.counter_bytes;
   return w;
 }
 
@@ -256,6 +333,10 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   plan.k_chunk = chunk_blocks * block_elems;
   plan.k_splits = int32_t((cols + plan.k_chunk - 1) / plan.k_chunk);
   plan.mmq = mmq_format(type) && max_n >= kMmqMinTokens;
+  // The decode tile needs whole activation blocks per chunk (every chunk but a row's last starts on
+  // one: chunk_for_splits above) and takes calls below kMmqMinTokens.
+  const int64_t from = decode_mma_from();
+  if (mmq_format(type) && from > 0 && from <= max_n && from < kMmqMinTokens) plan.mma_from = from;
   const WorkspaceLayout w = workspace_layout(plan);
   plan.workspace_bytes = w.bytes;
   return plan;
@@ -284,8 +365,8 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     throw_error("this GEMV needs its workspace (plan.workspace_bytes)");
   const WorkspaceLayout w = workspace_layout(plan);
   if (gemv_reads_rounded(plan, args.n)) {
-    // Many tokens: the activations rounded once (here, or by the kernel that wrote them), then the
-    // tensor-core tiles (the same bits).
+    // Two tokens or more: the activations rounded once (here, or by the kernel that wrote them), then
+    // the tensor-core tiles (the same bits).
     uint8_t* ws = static_cast<uint8_t*>(args.workspace);
     RoundedRows acts = args.rounded;
     if (acts.q) {
@@ -295,6 +376,34 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     } else {
       acts = rounded_rows_at(ws + w.rounded, args.n, plan.cols);
       round_rows(args.x, args.x_bf16, args.n, plan.cols, ws + w.rounded, stream);
+    }
+    if (!(plan.mmq && args.n >= kMmqMinTokens)) {
+      // Fewer than kMmqMinTokens: the decode tile over the plan's K split.
+      MmqDecodeParams p{};
+      p.weights = static_cast<const uint8_t*>(args.weights);
+      p.acts = acts;
+      p.y = args.y;
+      p.partial = static_cast<float*>(args.workspace);
+      p.counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(args.workspace) + w.counters);
+      p.rows = plan.rows;
+      p.cols = plan.cols;
+      p.row_bytes = row_bytes(plan.type, plan.cols);
+      p.k_chunk = plan.k_chunk;
+      p.n = args.n;
+      p.k_splits = plan.k_splits;
+      dispatch_block_type(plan.type, [&](auto type_constant) {
+        constexpr DType T = decltype(type_constant)::value;
+        if constexpr (mmq_format(T)) {
+          using Tile = DecodeTile<T>;
+          auto* kernel = mmq_decode_kernel<T>;
+          check(allow_max_dynamic_smem(kernel), "raising the tensor-core decode GEMV's shared memory limit");
+          const dim3 grid(unsigned((plan.rows + Tile::BM - 1) / Tile::BM), unsigned(plan.k_splits),
+                          unsigned((args.n + Tile::BN - 1) / Tile::BN));
+          check(launch_overlapped(kernel, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
+                "launching the tensor-core decode GEMV");
+        }
+      });
+      return;
     }
     MmqDenseParams p{};
     p.weights = static_cast<const uint8_t*>(args.weights);

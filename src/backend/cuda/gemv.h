@@ -8,6 +8,12 @@
 // (block_dot.cuh). CPU twin: quant::quantize_activations_q8 + quant::dot_q8; the tests compare with
 // a float64 dot of the reference dequantizer's weights and those rounded activations.
 //
+// Few tokens (2 .. 31 by default; SPILL_GEMV_MMA_FROM) in a format with an MmqFormat (mmq.cuh):
+// the activations rounded once (round_rows, or by the RMSNorm before), then a block of 4 warps takes
+// 64 rows x 8 tokens of one K-chunk on int8 tensor cores: the same chunks, the same per-chunk chains
+// and the same ordered sum of the chunks as below, so the same bits. Where one warp's __dp4a walk
+// serves 8 tokens with 8 times the instructions, one mma serves them all.
+//
 // Work split: a block of 4 warps takes 16 rows; each warp stages 4 rows (one K-chunk of them) in
 // shared memory with coalesced 16-byte copies, the block rounds a group of tokens' activations of
 // that chunk into shared memory, then each warp dots its rows with them. When the rows
@@ -32,6 +38,9 @@ struct GemvPlan {
   int32_t k_splits = 1;       // chunks per row
   int64_t row_tiles = 0;      // blocks of 16 rows
   bool mmq = false;           // calls of kMmqMinTokens or more run on int8 tensor cores (mmq.cuh)
+  // Calls of mma_from .. kMmqMinTokens - 1 tokens run the decode tile on int8 tensor cores (64 rows
+  // x 8 tokens per block, K split as for the decode kernels); 0: never (formats without an MmqFormat).
+  int64_t mma_from = 0;
   int64_t workspace_bytes = 0;  // device bytes gemv() needs (0: none)
 };
 
@@ -97,7 +106,9 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream);
 // unless they come rounded).
 int gemv_launches(const GemvPlan& plan, int64_t n, bool rounded = false);
 // Whether a call of n tokens would read rounded activations (the tensor-core path).
-inline bool gemv_reads_rounded(const GemvPlan& plan, int64_t n) { return plan.mmq && n >= kMmqMinTokens; }
+inline bool gemv_reads_rounded(const GemvPlan& plan, int64_t n) {
+  return (plan.mmq && n >= kMmqMinTokens) || (plan.mma_from > 0 && n >= plan.mma_from);
+}
 
 // Tokens one gemv() call should be planned for: the tensor-core path's tiles want whole prefill
 // chunks; the decode path's split-K workspace grows with the tokens.

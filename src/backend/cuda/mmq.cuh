@@ -124,6 +124,12 @@ __device__ __forceinline__ void mma_s8_k16(int32_t (&c)[4], uint32_t a0, uint32_
                : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
                : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
 }
+// Two 8x8 matrices of 16-byte rows from shared memory (lane l < 16 gives row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+}
 // Four 8x8 matrices of 16-byte rows from shared memory (lane l gives row l % 8 of matrix l / 8).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -144,12 +150,15 @@ constexpr int kMmqTileStride = kMmqKTile + 16;  // bytes per converted weight ro
 
 // The tile of one block: BM weight rows x BN tokens. Shared memory: two stages of raw bytes (the
 // rows' K-step segments, the tokens' int8 activations and scales) filled by cp.async, and the
-// converted int8 weights and scale records of the step being computed.
-template <DType T, int WM, int WN>
+// converted int8 weights and scale records of the step being computed. RW of the 4 warps lie along
+// the rows (2: 2 x 2 warps, the prefill tiles; 4: all four along the rows and one token tile of 8,
+// the decode tile of gemv.cu).
+template <DType T, int WM, int WN, int RW = 2>
 struct MmqTile {
   using U = Unit<T>;
-  static_assert(WN % 2 == 0, "B fragments load two token tiles at a time");
-  static constexpr int BM = 2 * WM * 16, BN = 2 * WN * 8;
+  static_assert(RW == 2 || RW == 4, "warps along the rows: 2 (2 x 2) or 4 (4 x 1)");
+  static_assert(WN % 2 == 0 || (RW == 4 && WN == 1), "B fragments load two token tiles at a time, or one of 8");
+  static constexpr int BM = RW * WM * 16, BN = (4 / RW) * WN * 8;
   static constexpr int kSegBytes = kMmqKTile / U::kBlockElems * U::kBlockBytes;  // one row's bytes per K step
   // A row's segment may start anywhere in its first 16 bytes; word loads read up to 8 bytes past.
   static constexpr int kRowStride = (kSegBytes + 15 + 8 + 15) / 16 * 16;
@@ -173,17 +182,20 @@ struct MmqTile {
 // multiply-adds and M = sum_g m_g (sum of the group's x) by an mma of the mins broadcast over their
 // group, then the step's value d S - dmin M; Q8_0's value is the blocks' d c added in K order. The
 // value is fma'd into the chain with the activation block's scale: block_dot.cuh's arithmetic.
-template <DType T, int WM, int WN, bool kChunked, class RowSrc, class TokRow, class Emit>
+//   kWaitInStage: the first K step's weight copies go out before wait_for_previous_grid(), its
+//   activations after (a decode kernel whose activations the previous kernel writes).
+template <DType T, int WM, int WN, bool kChunked, int RW = 2, bool kWaitInStage = false, class RowSrc, class TokRow,
+          class Emit>
 __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow&& tok_row, const RoundedRows& acts,
                                          int k_steps, int chunk_steps, int64_t k_len, Emit&& emit) {
-  using Tile = MmqTile<T, WM, WN>;
+  using Tile = MmqTile<T, WM, WN, RW>;
   using F = MmqFormat<T>;
   using U = Unit<T>;
   constexpr int BM = Tile::BM, BN = Tile::BN;
   constexpr bool kQ8 = T == DType::Q8_0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t4 = lane & 3;
-  const int wr0 = (warp >> 1) * WM * 16, wt0 = (warp & 1) * WN * 8;
+  const int wr0 = (RW == 2 ? warp >> 1 : warp) * WM * 16, wt0 = (RW == 2 ? warp & 1 : 0) * WN * 8;
   int8_t* wtile = reinterpret_cast<int8_t*>(smem + 2 * Tile::kStageBytes);
   ScaleRecord* recs = reinterpret_cast<ScaleRecord*>(smem + 2 * Tile::kStageBytes + BM * kMmqTileStride);
   int* heads = reinterpret_cast<int*>(smem + 2 * Tile::kStageBytes + Tile::kConvertedBytes);
@@ -243,6 +255,7 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
       }
       if (w_part == 0) heads[buf * BM + w_row] = head;
     }
+    if (kWaitInStage && kt == 0) wait_for_previous_grid();
     // Activations: BN tokens x this step's (up to) 256 int8 and their scale.
     uint8_t* act = base + Tile::kWeightBytes;
     const int8_t* a_step = a_src + kt * kMmqKTile;
@@ -308,11 +321,15 @@ __device__ __forceinline__ void mmq_tile(uint8_t* smem, RowSrc&& row_src, TokRow
     const int8_t* b_base = act + (wt0 + 8 * (lane >> 4) + (lane & 7)) * kMmqActStride + 16 * ((lane >> 3) & 1);
     // The B fragments of the tile's tokens for weights 32 k32 .. 32 k32 + 31 (two n-tiles per ldmatrix).
     auto load_b = [&](int k32, uint32_t (&b)[WN][2]) {
+      if constexpr (WN == 1) {  // one token tile: lanes 0-15 give the addresses of its two 8x8 halves
+        ldmatrix_x2(b[0], b_base + 32 * k32);
+      } else {
 #pragma unroll
-      for (int jp = 0; jp < WN / 2; ++jp) {
-        uint32_t r[4];
-        ldmatrix_x4(r, b_base + 16 * jp * kMmqActStride + 32 * k32);
-        b[2 * jp][0] = r[0], b[2 * jp][1] = r[1], b[2 * jp + 1][0] = r[2], b[2 * jp + 1][1] = r[3];
+        for (int jp = 0; jp < WN / 2; ++jp) {
+          uint32_t r[4];
+          ldmatrix_x4(r, b_base + 16 * jp * kMmqActStride + 32 * k32);
+          b[2 * jp][0] = r[0], b[2 * jp][1] = r[1], b[2 * jp + 1][0] = r[2], b[2 * jp + 1][1] = r[3];
+        }
       }
     };
     float value[WM][WN][4];

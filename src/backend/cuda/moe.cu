@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
   for (int i0 = 0; i0 < m; i0 += p.token_group) {
     const int tokens = min(p.token_group, m - i0);
     __syncthreads();  // the previous group's activations are no longer read
-    quantize_tokens([&](int t) { return p.x + int64_t(list[i0 + t] / p.top_k) * p.hidden; }, tokens, int(p.hidden), xq,
+    quantize_tokens<NT == 1 ? 2 : 4>([&](int t) { return p.x + int64_t(list[i0 + t] / p.top_k) * p.hidden; }, tokens, int(p.hidden), xq,
                     [](const float* q, float v[8]) { load_x8<float>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
     for (int i0 = 0; i0 < m; i0 += p.token_group) {
       const int tokens = min(p.token_group, m - i0);
       __syncthreads();
-      quantize_tokens([&](int t) { return p.act + int64_t(list[i0 + t]) * p.width; }, tokens, int(p.width), xq,
+      quantize_tokens<NT == 1 ? 1 : 4>([&](int t) { return p.act + int64_t(list[i0 + t]) * p.width; }, tokens, int(p.width), xq,
                       [](const float* q, float v[8]) { load_x8_coherent(q, v); });
       __syncthreads();
 #pragma unroll
