@@ -276,10 +276,11 @@ TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
   const Experts ex(c, 51);
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
-  // Few experts, so the token shares them with others of the batch. Up to 8 tokens take the
-  // kernels' one-token build, more the pairs grouped by expert first and the tensor-core tiles
-  // (200: several tiles of 32 per expert): a token's bits must not change either way.
-  for (int64_t n : {8, 17, 200}) {
+  // Few experts, so the token shares them with others of the batch. Alone, a token takes the
+  // one-token kernels; 2 to 8 tokens the tensor-core decode tiles (pairs gathered in place); more
+  // the pairs grouped by expert first and the tensor-core tiles (200: several tiles of 32 per
+  // expert): a token's bits must not change either way.
+  for (int64_t n : {2, 5, 8, 17, 200}) {
     const Routing batch = random_routing(c, n, 6, 52);
     const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, n, n);
     for (int64_t t : {int64_t(0), int64_t(5), n - 1}) {

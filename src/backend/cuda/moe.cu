@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/mmq.cuh"
+#include "core/env.h"
 
 namespace spill::cuda {
 namespace {
@@ -564,6 +565,108 @@ __global__ void __launch_bounds__(kMmqThreads) moe_mmq_down_kernel(MoeParams p) 
       });
 }
 
+// The tensor-core decode tiles: calls of 2 .. 8 tokens (moe_tile_from()) whose formats have an
+// MmqFormat. Each block gathers its expert's pairs in place as the one-token kernels do (the block of
+// the first pair routed to an expert works, the others return), then runs mmq_tile over the
+// expert's rows with the pairs as one token tile of 8 (a token routes to an expert once, so a
+// decode step's expert has at most 8 pairs; more, from repeated ids, take further tiles): gate/up
+// 64 expert rows (16 gate and the same 16 up rows per warp) x 8 pairs, down 64 rows x 8 pairs. The
+// activations come rounded (x by the RMSNorm or round_rows, SiLU(gate) * up by round_rows between
+// the two), and moe_combine_kernel adds the slots: the prefill tiles' arithmetic, so the same bits.
+constexpr int kTileRowWarps = 4;
+template <DType T>
+using GateUpDecodeTile = MmqTile<T, 2, 1, kTileRowWarps>;
+template <DType T>
+using DownDecodeTile = MmqTile<T, 1, 1, kTileRowWarps>;
+
+template <DType T>
+__global__ void __launch_bounds__(kMmqThreads) moe_tile_gate_up_kernel(MoeParams p) {
+  using Tile = GateUpDecodeTile<T>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int count, shared_key;
+  int* list = reinterpret_cast<int*>(smem + Tile::kSmemBytes);
+  // The ids come from the router: wait for it, then let the next kernel start its prologue.
+  wait_for_previous_grid();
+  allow_next_grid();
+  ExpertWeights e{};
+  const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);  // the table read overlaps the scan
+  if (own_key >= 0) e = p.table[own_key];
+  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  const int key = shared_key;
+  if (m == 0 || key < 0) return;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (p.routings) atomicAdd(&p.routings[key], unsigned(m));
+    if (p.touches) atomicAdd(&p.touches[key], 1u);
+  }
+  const int64_t rb = p.hidden / Unit<T>::kBlockElems * Unit<T>::kBlockBytes;
+  const int64_t e0 = int64_t(blockIdx.x) * (Tile::BM / 2);
+  auto expert_row = [&](int tr) { return e0 + (tr / 32) * 16 + tr % 16; };  // tile row -> row of gate or up
+  const int k_steps = int(p.hidden / kMmqKTile);
+  for (int i0 = 0; i0 < m; i0 += Tile::BN) {
+    const int mt = min(Tile::BN, m - i0);
+    float gate = 0.0f;
+    mmq_tile<T, 2, 1, false, kTileRowWarps>(
+        smem,
+        [&](int tr) {
+          const int64_t r = expert_row(tr) < p.width ? expert_row(tr) : p.width - 1;
+          const uint8_t* base = static_cast<const uint8_t*>((tr / 16) % 2 ? e.up : e.gate);
+          return base + r * rb;
+        },
+        [&](int tt) { return int64_t(list[i0 + (tt < mt ? tt : 0)] / p.top_k); }, p.x_rounded, k_steps, k_steps,
+        p.hidden, [&](int i, int tr, int tt, float v) {
+          if (i == 0) {
+            gate = v;
+            return;
+          }
+          const int64_t row = expert_row(tr);
+          if (row < p.width && tt < mt) p.act[int64_t(list[i0 + tt]) * p.width + row] = __fmul_rn(silu(gate), v);
+        });
+  }
+}
+
+template <DType T>
+__global__ void __launch_bounds__(kMmqThreads) moe_tile_down_kernel(MoeParams p) {
+  using Tile = DownDecodeTile<T>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int count, shared_key;
+  int* list = reinterpret_cast<int*>(smem + Tile::kSmemBytes);
+  // The ids were written before the gate/up kernel started (it waited for them): the pairs, the
+  // table and the first weights go out before waiting for the rounded activations.
+  allow_next_grid();
+  ExpertWeights e{};
+  const int own_key = expert_key(p.ids[blockIdx.y], p.n_experts);
+  if (own_key >= 0) e = p.table[own_key];
+  const int m = gather_pairs(p, blockIdx.y, list, &count, &shared_key);
+  const int key = shared_key;
+  if (m == 0) return;
+  const int64_t row0 = int64_t(blockIdx.x) * Tile::BM;
+  if (key < 0) {  // pairs with no valid expert contribute zero rows
+    wait_for_previous_grid();
+    for (int i = threadIdx.x; i < m * Tile::BM; i += blockDim.x) {
+      const int64_t row = row0 + i % Tile::BM;
+      if (row < p.hidden) p.partial[int64_t(list[i / Tile::BM]) * p.hidden + row] = 0.0f;
+    }
+    return;
+  }
+  const uint8_t* down = static_cast<const uint8_t*>(e.down);
+  const int64_t rb = p.width / Unit<T>::kBlockElems * Unit<T>::kBlockBytes;
+  const int k_steps = int(p.width / kMmqKTile);
+  for (int i0 = 0; i0 < m; i0 += Tile::BN) {
+    const int mt = min(Tile::BN, m - i0);
+    mmq_tile<T, 1, 1, false, kTileRowWarps, true>(
+        smem,
+        [&](int tr) {
+          const int64_t r = row0 + tr < p.hidden ? row0 + tr : p.hidden - 1;
+          return down + r * rb;
+        },
+        [&](int tt) { return int64_t(list[i0 + (tt < mt ? tt : 0)]); }, p.act_rounded, k_steps, k_steps, p.width,
+        [&](int, int tr, int tt, float v) {
+          const int64_t row = row0 + tr;
+          if (row < p.hidden && tt < mt) p.partial[int64_t(list[i0 + tt]) * p.hidden + row] = v;
+        });
+  }
+}
+
 // out[t] = the sum of token t's partial rows times their routing weights, in slot order: the
 // products and the sum the decode kernels' down blocks make (a pair with an invalid id adds the
 // zero its tile wrote). The weights are applied here rather than in the tensor-core kernel's
@@ -641,6 +744,21 @@ bool use_mmq(const MoeShape& s, DType t, int64_t n) {
          (t == s.gate_up_type ? s.hidden : s.width) % kMmqKTile == 0;
 }
 
+// The smallest call the tensor-core decode tiles take (SPILL_MOE_MMA_FROM; 0 turns them off, 1 takes
+// batch 1 too: for measurement). Read once per process.
+int64_t moe_tile_from() {
+  static const int64_t v = env_int("SPILL_MOE_MMA_FROM", 2, 0, kMaxTokenGroup);
+  return v;
+}
+// Whether a call of n tokens runs a projection of type t on the tensor-core decode tiles (its format
+// has an MmqFormat and its rows whole K steps); each projection chooses alone (Q4_K_M files pair
+// Q4_K gate/up with a Q6_K down).
+bool use_tile(const MoeShape& s, DType t, int64_t n) {
+  const int64_t from = moe_tile_from();
+  return from > 0 && n >= from && n <= kMaxTokenGroup && mmq_format(t) &&
+         (t == s.gate_up_type ? s.hidden : s.width) % kMmqKTile == 0;
+}
+
 int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
 
 struct WorkspaceLayout {
@@ -707,10 +825,20 @@ int64_t moe_tokens_per_call(const MoeShape& shape) {
   return mmq_format(shape.gate_up_type) && mmq_format(shape.down_type) ? 1024 : 256;
 }
 
-bool moe_reads_rounded_x(const MoePlan& plan, int64_t n) { return use_mmq(plan.shape, plan.shape.gate_up_type, n); }
+bool moe_reads_rounded_x(const MoePlan& plan, int64_t n) {
+  return use_mmq(plan.shape, plan.shape.gate_up_type, n) || use_tile(plan.shape, plan.shape.gate_up_type, n);
+}
 
 int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded, bool cpu_experts) {
-  if (n <= kMaxTokenGroup) return kMoeLaunchesPerCall + (cpu_experts && n <= kMoeCpuMaxTokens ? 1 : 0);
+  if (n <= kMaxTokenGroup) {
+    if (cpu_experts && n <= kMoeCpuMaxTokens) return kMoeLaunchesPerCall + 1;
+    // The decode tiles: gate/up (after x's rounding unless it comes rounded); down after the rounding
+    // of SiLU(gate) * up, then the slot sum.
+    int launches = kMoeLaunchesPerCall;
+    if (use_tile(plan.shape, plan.shape.gate_up_type, n) && !x_rounded) launches += 1;
+    if (use_tile(plan.shape, plan.shape.down_type, n)) launches += 2;
+    return launches;
+  }
   int launches = kMoeLaunchesPerCall + 1;
   if (use_mmq(plan.shape, plan.shape.gate_up_type, n) && !x_rounded) launches += 1;
   if (use_mmq(plan.shape, plan.shape.down_type, n)) launches += 2;
@@ -770,6 +898,11 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
   p.x_rounded = x_given ? a.x_rounded : rounded_rows_at(ws + w.x_rounded, a.n, s.hidden);
   p.act_rounded = rounded_rows_at(ws + w.act_rounded, p.pairs, s.width);
   const bool mmq_gate_up = use_mmq(s, s.gate_up_type, a.n), mmq_down = use_mmq(s, s.down_type, a.n);
+  // A decode step of 2 .. 8 tokens: the tensor-core decode tiles over the pairs gathered in place
+  // (not with CPU experts, whose hand-over lives in the one-token kernels).
+  const bool tile_gate_up = !p.cpu.mask && use_tile(s, s.gate_up_type, a.n);
+  const bool tile_down = !p.cpu.mask && use_tile(s, s.down_type, a.n);
+  const size_t list_bytes = size_t(p.pairs) * sizeof(int);
   // Token tiles of the tensor-core kernels: at most one per 32 pairs plus one per active key.
   const unsigned mmq_tiles = unsigned(mmq_tile_bound(p.pairs, s.n_experts + 1));
   // Blocks per row tile: one per pair when each block gathers, one per active key when grouped.
@@ -778,7 +911,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(launch_overlapped(moe_group_kernel, dim3(1), dim3(kGroupThreads), 0, stream, p),
           "launching the MoE grouping kernel");
 
-  if (mmq_gate_up && !x_given) round_rows(a.x, false, a.n, s.hidden, ws + w.x_rounded, stream);
+  if ((mmq_gate_up || tile_gate_up) && !x_given) round_rows(a.x, false, a.n, s.hidden, ws + w.x_rounded, stream);
   dispatch_block_type(s.gate_up_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     if constexpr (mmq_format(T)) {
@@ -789,6 +922,15 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
         const dim3 grid(unsigned((s.width + Tile::BM / 2 - 1) / (Tile::BM / 2)), mmq_tiles);
         check(launch_overlapped(moe_mmq_gate_up_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes), stream, p),
               "launching the MoE tensor-core gate/up kernel");
+        return;
+      }
+      if (tile_gate_up) {
+        using Tile = GateUpDecodeTile<T>;
+        check(allow_max_dynamic_smem(moe_tile_gate_up_kernel<T>), "raising the MoE gate/up tile's shared memory limit");
+        const dim3 grid(unsigned((s.width + Tile::BM / 2 - 1) / (Tile::BM / 2)), unsigned(p.pairs));
+        check(launch_overlapped(moe_tile_gate_up_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes) + list_bytes,
+                                stream, p),
+              "launching the MoE gate/up tile kernel");
         return;
       }
     }
@@ -803,7 +945,7 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
     check(launch_overlapped(kernel, grid, dim3(kGateUpWarps * 32), smem, stream, q),
           "launching the MoE gate/up kernel");
   });
-  if (mmq_down) round_rows(p.act, false, p.pairs, s.width, ws + w.act_rounded, stream);
+  if (mmq_down || tile_down) round_rows(p.act, false, p.pairs, s.width, ws + w.act_rounded, stream);
   dispatch_block_type(s.down_type, [&](auto type_constant) {
     constexpr DType T = decltype(type_constant)::value;
     if constexpr (mmq_format(T)) {
@@ -817,6 +959,19 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
         const int64_t words = s.hidden % 4 == 0 ? s.hidden / 4 : s.hidden;
         const dim3 combine_grid(unsigned(std::min<int64_t>((words + 255) / 256, 64)),
                                 unsigned(std::min<int64_t>(a.n, 16384)));
+        check(launch_overlapped(moe_combine_kernel, combine_grid, dim3(256), 0, stream, p),
+              "launching the MoE combine kernel");
+        return;
+      }
+      if (tile_down) {
+        using Tile = DownDecodeTile<T>;
+        check(allow_max_dynamic_smem(moe_tile_down_kernel<T>), "raising the MoE down tile's shared memory limit");
+        const dim3 grid(unsigned((s.hidden + Tile::BM - 1) / Tile::BM), unsigned(p.pairs));
+        check(launch_overlapped(moe_tile_down_kernel<T>, grid, dim3(kMmqThreads), size_t(Tile::kSmemBytes) + list_bytes,
+                                stream, p),
+              "launching the MoE down tile kernel");
+        const int64_t words = s.hidden % 4 == 0 ? s.hidden / 4 : s.hidden;
+        const dim3 combine_grid(unsigned(std::min<int64_t>((words + 255) / 256, 64)), unsigned(a.n));
         check(launch_overlapped(moe_combine_kernel, combine_grid, dim3(256), 0, stream, p),
               "launching the MoE combine kernel");
         return;
