@@ -16,11 +16,15 @@
 //      SiLU(gate) * up rows to int8 the same way; each pair's row times its routing weight goes to
 //      a per-pair partial row; the last block to finish a tile adds the partial rows of each token
 //      in slot order.
-// Calls of up to 8 tokens run a one-token build of both kernels (few registers, more warps per SM:
-// an expert mostly gets one token then); larger calls an 8-token build that decodes each weight
-// unit once for 8 tokens, or, where the experts get a few tokens each on average and the format
-// has one, the tensor-core path (mmq.cuh: x rounded once, tiles of 32 of an expert's pairs, down's
-// slot sum in a small combine kernel). All give a token the same bits.
+// A call of one token runs a one-token build of both kernels (few registers, more warps per SM).
+// Calls of 2 to 8 tokens (SPILL_MOE_MMA_FROM) run, per projection whose format has an MmqFormat, a
+// tensor-core decode tile instead (mmq.cuh: the expert's pairs gathered in place as above, one token
+// tile of 8; x rounded once by the RMSNorm or round_rows, SiLU(gate) * up rounded between the
+// two, the slots added by a small combine kernel); the other projections keep the one-token build.
+// Larger calls run an 8-token build that decodes each weight unit once for 8 tokens, or, where the
+// experts get a few tokens each on average and the format has one, the tensor-core path (tiles of
+// 32 of an expert's pairs grouped first, down's slot sum in the combine kernel). All give a token
+// the same bits.
 // Every pair's arithmetic is the same whatever else is in the batch (block_dot.cuh), and the slot
 // sum has a fixed order, so a token's output is bit-identical alone or in any batch. The table is
 // read inside the kernels: it may change between steps, point at VRAM or at device-mapped pinned
