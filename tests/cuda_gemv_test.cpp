@@ -25,6 +25,7 @@ struct GemvCase {
   DType type;
   int64_t rows, cols, n;
   bool bf16;
+  int64_t mma_from = -1;  // the plan's tensor-core decode tile (plan_gemv; -1 the process default)
 };
 
 struct GemvRun {
@@ -50,7 +51,7 @@ GemvRun run_gemv(const GemvCase& c, std::vector<uint8_t>& w, std::vector<float>&
     }
   }
   GemvRun run;
-  run.plan = cuda::plan_gemv(c.type, c.rows, c.cols, max_n);
+  run.plan = cuda::plan_gemv(c.type, c.rows, c.cols, max_n, c.mma_from);
   DeviceBuffer dw(w.size()), dx(x.size() * 4), dy(size_t(c.n * c.rows) * 4), ws(size_t(run.plan.workspace_bytes));
   dw.upload(w.data(), w.size());
   if (c.bf16) dx.upload(xb.data(), xb.size() * 2);
@@ -89,7 +90,7 @@ void expect_matches_twin(const GemvCase& c, uint64_t seed) {
       const double bound = gamma * mag;
       if (!(std::fabs(got - ref) <= bound) && bad++ < 5)
         ADD_FAILURE() << dtype_name(c.type) << " " << c.rows << "x" << c.cols << " n=" << c.n
-                      << (c.bf16 ? " bf16" : " f32") << " row " << r << " token " << t << ": got " << got
+                      << (c.bf16 ? " bf16" : " f32") << " mma_from " << c.mma_from << " row " << r << " token " << t << ": got " << got
                       << ", twin " << ref << ", bound " << bound;
     }
   }
@@ -116,18 +117,21 @@ TEST_P(CudaGemvTest, MatchesCpuTwinOverAwkwardShapes) {
       for (bool bf16 : {false, true}) {
         if (bf16 && (n == 3 || n == 33)) continue;
         expect_matches_twin({t, rows, cols, n, bf16}, seed++);
+        // The tensor-core decode tile (off by default), where the format has one.
+        if (n > 1 && n < cuda::kMmqMinTokens) expect_matches_twin({t, rows, cols, n, bf16, 2}, seed++);
       }
 }
 
 TEST_P(CudaGemvTest, TokenAloneIsBitIdenticalToTokenInBatch) {
   SPILL_SKIP_WITHOUT_GPU();
   const DType t = GetParam();
-  // Batches of 3, 8 and 17 (the tensor-core decode tile where the format has an MmqFormat, the
-  // decode kernels' 8-token build where not; 17: three token tiles) and of 100 (the tensor-core
-  // prefill tiles); 3072 columns K-split into chunks.
+  // Batches of 3, 8 and 17 (the decode kernels' 8-token build, and with mma_from 2 the
+  // tensor-core decode tile where the format has an MmqFormat; 17: three token tiles) and of 100
+  // (the tensor-core prefill tiles); 3072 columns K-split into chunks. Alone: the one-token kernel.
+  for (int64_t mma_from : {0, 2})
   for (int64_t n : {3, 8, 17, 100}) {
-  SCOPED_TRACE("batch " + std::to_string(n));
-  const GemvCase batch{t, 77, 3072, n, false};
+  SCOPED_TRACE("batch " + std::to_string(n) + ", mma_from " + std::to_string(mma_from));
+  const GemvCase batch{t, 77, 3072, n, false, mma_from};
   std::vector<uint8_t> w;
   std::vector<float> x;
   const GemvRun all = run_gemv(batch, w, x, n, 99);

@@ -118,9 +118,10 @@ std::vector<float> run_twin(const MoeCase& c, const std::vector<cpu::BlockExpert
 }
 
 // Runs the CUDA path with the experts' spans at `span_base` (device-visible, already filled).
+// tile_from: the plan's tensor-core decode tiles (plan_moe; -1 the process default).
 std::vector<float> run_cuda(const MoeCase& c, const Experts& ex, const uint8_t* span_base, const Routing& r,
-                            int64_t n, int64_t max_tokens) {
-  const cuda::MoePlan plan = cuda::plan_moe(moe_shape(c), max_tokens);
+                            int64_t n, int64_t max_tokens, int64_t tile_from = -1) {
+  const cuda::MoePlan plan = cuda::plan_moe(moe_shape(c), max_tokens, tile_from);
   const auto table = ex.table(span_base);
   DeviceBuffer dtable(table.size() * sizeof(cuda::ExpertWeights)), dx(r.x.size() * 4), dids(r.ids.size() * 4),
       dw(r.weights.size() * 4), dout(size_t(n * c.hidden) * 4), ws(size_t(plan.workspace_bytes));
@@ -201,12 +202,13 @@ std::vector<double> error_bound(const MoeCase& c, const Experts& ex, const Routi
   return bound;
 }
 
-void expect_matches_twin(const MoeCase& c, int64_t n, int32_t pool, uint64_t seed) {
+void expect_matches_twin(const MoeCase& c, int64_t n, int32_t pool, uint64_t seed, int64_t tile_from = -1) {
+  SCOPED_TRACE("tile_from " + std::to_string(tile_from));
   const Experts ex(c, seed);
   const Routing r = random_routing(c, n, pool, seed + 7);
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
-  const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, n, n);
+  const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, n, n, tile_from);
   const std::vector<float> want = run_twin(c, ex.host, r, n);
   const auto bound = error_bound(c, ex, r, n);
   int64_t bad = 0;
@@ -228,6 +230,11 @@ TEST(CudaMoe, MatchesCpuTwinOverBatchesAndFormats) {
   for (int64_t n : {1, 3, 8, 17, 64}) expect_matches_twin(q4, n, 12, seed++);
   for (DType t : {DType::Q3_K, DType::Q2_K, DType::Q5_K, DType::Q6_K})
     expect_matches_twin({768, 512, 8, 3, t, t}, 5, 8, seed++);
+  // The tensor-core decode tiles (2 .. 8 tokens; gate/up only where down is Q6_K), in every format
+  // they take.
+  for (int64_t n : {2, 3, 8}) expect_matches_twin(q4, n, 12, seed++, 2);
+  for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q8_0})
+    expect_matches_twin({768, 512, 8, 3, t, t}, 5, 8, seed++, 2);
   // Enough tokens per expert for the tensor-core path (mmq.cuh), in every format it takes; a
   // partial tile of rows (width 768 = 24 tiles of 32) and of tokens.
   for (DType t : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q8_0})
@@ -254,17 +261,19 @@ TEST(CudaMoe, OutOfRangeIdsContributeNothing) {
   const Experts ex(c, 41);
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
-  // 3 tokens: the decode kernels; 40: the grouped tensor-core path, where the invalid ids form a
-  // token tile of their own.
+  // 3 tokens: the decode kernels, and the decode tiles (tile_from 2); 40: the grouped tensor-core
+  // path, where the invalid ids form a token tile of their own.
+  for (int64_t tile_from : {0, 2})
   for (int64_t n : {3, 40}) {
     Routing r = random_routing(c, n, 4, 42 + n);
     r.ids[1] = -1;
     r.ids[4] = 4;  // == n_experts
     if (n > 3) r.ids[37] = -7, r.ids[60] = 1 << 30;
-    const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, n, n);
+    const auto got = run_cuda(c, ex, spans.as<uint8_t>(), r, n, n, tile_from);
     const std::vector<float> want = run_twin(c, ex.host, r, n);
     const auto bound = error_bound(c, ex, r, n);
-    for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << "n " << n << " " << i;
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i]) << "n " << n << " tile_from " << tile_from << " " << i;
   }
 }
 
@@ -277,12 +286,15 @@ TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
   // Few experts, so the token shares them with others of the batch. Alone, a token takes the
-  // one-token kernels; 2 to 8 tokens the tensor-core decode tiles (pairs gathered in place); more
-  // the pairs grouped by expert first and the tensor-core tiles (200: several tiles of 32 per
-  // expert): a token's bits must not change either way.
+  // one-token kernels; up to 8 tokens the same kernels or (tile_from 2) the tensor-core decode
+  // tiles over the pairs gathered in place; more the pairs grouped by expert first and the
+  // tensor-core tiles (200: several tiles of 32 per expert): a token's bits must not change.
+  for (int64_t tile_from : {0, 2})
   for (int64_t n : {2, 5, 8, 17, 200}) {
+    if (tile_from == 2 && n > 8) continue;
+    SCOPED_TRACE("tile_from " + std::to_string(tile_from));
     const Routing batch = random_routing(c, n, 6, 52);
-    const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, n, n);
+    const auto all = run_cuda(c, ex, spans.as<uint8_t>(), batch, n, n, tile_from);
     for (int64_t t : {int64_t(0), int64_t(5), n - 1}) {
       Routing one;
       one.x.assign(batch.x.begin() + t * c.hidden, batch.x.begin() + (t + 1) * c.hidden);

@@ -443,42 +443,26 @@ __device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
 
 // The whole thread block rounds `tokens` tokens' activations [0, k_len) (x_row(t) points at the
 // first; 16-byte aligned) into `out`: one warp per (token, block of 256). load(p, v) reads 8 values.
-// A warp loads its next kDepth items before rounding any of them, so a warp with several items (a
-// decode GEMV at batch 8 has ~6: 3 blocks x 8 tokens over 4 warps) waits one memory round trip per
-// kDepth items rather than one per item. The bits are those of one item at a time.
-template <int kDepth = 1, class XRow, class Load>
+template <class XRow, class Load>
 __device__ __forceinline__ void quantize_tokens(XRow&& x_row, int tokens, int k_len, const ActQ8& out, Load&& load) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int blocks = (k_len + kActBlock - 1) / kActBlock;
-  const int items = tokens * blocks;
-  for (int first = warp; first < items; first += kDepth * warps) {
-    float v[kDepth][8];
-#pragma unroll
-    for (int j = 0; j < kDepth; ++j) {
-      const int item = first + j * warps;
-      const int t = item / blocks, b = item % blocks;
-      const int i0 = b * kActBlock + 8 * lane;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[j][e] = 0.0f;
-      if (item < items && i0 < k_len) load(x_row(t) + i0, v[j]);  // k_len is a multiple of 32: all 8 or none
+  for (int item = warp; item < tokens * blocks; item += warps) {
+    const int t = item / blocks, b = item % blocks;
+    const int i0 = b * kActBlock + 8 * lane;
+    const bool mine = i0 < k_len;  // k_len is a multiple of 32, so a lane has all 8 or none
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (mine) load(x_row(t) + i0, v);
+    int q[8];
+    const float d = round_block_q8(v, q);
+    if (mine) {
+      uint2 packed;
+      packed.x = pack_bytes(q[0], q[1], q[2], q[3]);
+      packed.y = pack_bytes(q[4], q[5], q[6], q[7]);
+      *reinterpret_cast<uint2*>(out.q + t * out.q_stride + i0) = packed;
+      out.s8[t * out.s8_stride + i0 / 8] = int16_t(q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7]);
     }
-#pragma unroll
-    for (int j = 0; j < kDepth; ++j) {
-      const int item = first + j * warps;
-      if (item >= items) break;
-      const int t = item / blocks, b = item % blocks;
-      const int i0 = b * kActBlock + 8 * lane;
-      int q[8];
-      const float d = round_block_q8(v[j], q);
-      if (i0 < k_len) {
-        uint2 packed;
-        packed.x = pack_bytes(q[0], q[1], q[2], q[3]);
-        packed.y = pack_bytes(q[4], q[5], q[6], q[7]);
-        *reinterpret_cast<uint2*>(out.q + t * out.q_stride + i0) = packed;
-        out.s8[t * out.s8_stride + i0 / 8] = int16_t(q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7]);
-      }
-      if (lane == 0) out.d[t * out.d_stride + b] = d;
-    }
+    if (lane == 0) out.d[t * out.d_stride + b] = d;
   }
 }
 

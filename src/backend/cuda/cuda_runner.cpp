@@ -1333,19 +1333,14 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
   // ---- final norm and LM head on the rows that want logits, a pass of logit_rows_per_pass_ at a time ----
   for (int64_t r0 = 0; r0 < R; r0 += logit_rows_per_pass_) {
     const int64_t nr = std::min(logit_rows_per_pass_, R - r0);
-    // Rows the LM head reads rounded (two or more: its tensor-core tiles) come rounded from the norm
-    // (h_rounded_ is free once the layers are done), not from a rounding kernel of their own.
-    const bool round_head = can_round && reads_rounded(lm_head_, nr);
     cuda::rmsnorm({.x = x_, .residual = pending_residual ? mlp_out_ : nullptr,
                    .residual2 = pending_residual && pending_shared ? shared_out_ : nullptr, .rows = rows_d + r0,
                    .weight = final_norm_,
-                   .out = final_rows_, .n = nr, .dim = H, .eps = spec_.rms_norm_eps,
-                   .rounded = round_head ? h_rounded_ : nullptr},
+                   .out = final_rows_, .n = nr, .dim = H, .eps = spec_.rms_norm_eps},
                   stream_);
     ++launches_;
     mark("final norm");
-    const cuda::RoundedRows head_rounded = cuda::rounded_rows_at(h_rounded_, nr, H);
-    linear(lm_head_, final_rows_, nr, logits_dev_, nullptr, round_head ? &head_rounded : nullptr);
+    linear(lm_head_, final_rows_, nr, logits_dev_, nullptr);
     mark("LM head");
     if (logits)
       check(cudaMemcpyAsync(logits->data() + r0 * V, logits_dev_, size_t(nr * V) * 4, cudaMemcpyDeviceToHost, stream_),

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? 8 : 4) gemv_kernel(Gemv
   for (int t0 = 0; t0 < p.n; t0 += p.token_group) {
     const int tokens = int(p.n - t0 < p.token_group ? p.n - t0 : p.token_group);
     __syncthreads();  // the previous group's activations are no longer read
-    quantize_tokens<NT == 1 ? 2 : 4>([&](int t) { return x + (t0 + t) * p.cols + k0; }, tokens, k_len, xq,
+    quantize_tokens([&](int t) { return x + (t0 + t) * p.cols + k0; }, tokens, k_len, xq,
                     [](const XT* q, float v[8]) { load_x8<XT>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
@@ -235,10 +235,11 @@ __global__ void __launch_bounds__(kMmqThreads) mmq_decode_kernel(MmqDecodeParams
   if (threadIdx.x == 0) p.counters[tile] = 0;
 }
 
-// The smallest call the decode tile takes (SPILL_GEMV_MMA_FROM; 0 turns it off, 1 takes batch 1
-// too: for measurement). Read once per process.
+// The process default of the smallest call the decode tile takes (SPILL_GEMV_MMA_FROM: 2 takes every
+// call of 2 .. 31 tokens, 1 batch 1 too; 0, the default, none until the tile is measured against
+// the __dp4a kernels on a GPU). Read once per process.
 int64_t decode_mma_from() {
-  static const int64_t v = env_int("SPILL_GEMV_MMA_FROM", 2, 0, kMmqMinTokens);
+  static const int64_t v = env_int("SPILL_GEMV_MMA_FROM", 0, 0, kMmqMinTokens);
   return v;
 }
 
@@ -291,7 +292,7 @@ WorkspaceLayout workspace_layout(const GemvPlan& plan) {
 
 }  // namespace
 
-GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
+GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n, int64_t mma_from) {
   const bool supported = dispatch_block_type(type, [](auto) {});
   if (!supported)
     throw_error("the CUDA GEMV has no kernel for " + std::string(dtype_name(type)) +
@@ -335,7 +336,7 @@ GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n) {
   plan.mmq = mmq_format(type) && max_n >= kMmqMinTokens;
   // The decode tile needs whole activation blocks per chunk (every chunk but a row's last starts on
   // one: chunk_for_splits above) and takes calls below kMmqMinTokens.
-  const int64_t from = decode_mma_from();
+  const int64_t from = mma_from < 0 ? decode_mma_from() : mma_from;
   if (mmq_format(type) && from > 0 && from <= max_n && from < kMmqMinTokens) plan.mma_from = from;
   const WorkspaceLayout w = workspace_layout(plan);
   plan.workspace_bytes = w.bytes;

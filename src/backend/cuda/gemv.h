@@ -8,7 +8,8 @@
 // (block_dot.cuh). CPU twin: quant::quantize_activations_q8 + quant::dot_q8; the tests compare with
 // a float64 dot of the reference dequantizer's weights and those rounded activations.
 //
-// Few tokens (2 .. 31 by default; SPILL_GEMV_MMA_FROM) in a format with an MmqFormat (mmq.cuh):
+// Optionally (plan_gemv's mma_from, SPILL_GEMV_MMA_FROM; off by default until measured), calls of
+// few tokens (mma_from .. 31) in a format with an MmqFormat (mmq.cuh):
 // the activations rounded once (round_rows, or by the RMSNorm before), then a block of 4 warps takes
 // 64 rows x 8 tokens of one K-chunk on int8 tensor cores: the same chunks, the same per-chunk chains
 // and the same ordered sum of the chunks as below, so the same bits. Where one warp's __dp4a walk
@@ -50,7 +51,10 @@ struct GemvPlan {
 constexpr int64_t kMmqMinTokens = 32;
 
 // Checks the shape (cols a whole number of blocks, a supported type) and chooses the split.
-GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n);
+// mma_from: the smallest call the tensor-core decode tile takes (GemvPlan::mma_from); -1: the
+// process default, SPILL_GEMV_MMA_FROM or 0 (off: the tile has not been measured against the
+// __dp4a kernels yet, docs/perf/NOTES.md).
+GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n, int64_t mma_from = -1);
 
 // Activations rounded once per call (round_rows below, or the RMSNorm that wrote them: see
 // RmsNormArgs::rounded): row r's int8 values q[r * cols + i] and the scale of each block of 256

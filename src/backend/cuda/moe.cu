@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, NT == 1 ? 3 : 2) moe_gate_u
   for (int i0 = 0; i0 < m; i0 += p.token_group) {
     const int tokens = min(p.token_group, m - i0);
     __syncthreads();  // the previous group's activations are no longer read
-    quantize_tokens<NT == 1 ? 2 : 4>([&](int t) { return p.x + int64_t(list[i0 + t] / p.top_k) * p.hidden; }, tokens, int(p.hidden), xq,
+    quantize_tokens([&](int t) { return p.x + int64_t(list[i0 + t] / p.top_k) * p.hidden; }, tokens, int(p.hidden), xq,
                     [](const float* q, float v[8]) { load_x8<float>(q, v); });
     __syncthreads();
     if (!has_rows) continue;
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, NT == 1 ? 3 : 2) moe_down_ker
     for (int i0 = 0; i0 < m; i0 += p.token_group) {
       const int tokens = min(p.token_group, m - i0);
       __syncthreads();
-      quantize_tokens<NT == 1 ? 1 : 4>([&](int t) { return p.act + int64_t(list[i0 + t]) * p.width; }, tokens, int(p.width), xq,
+      quantize_tokens([&](int t) { return p.act + int64_t(list[i0 + t]) * p.width; }, tokens, int(p.width), xq,
                       [](const float* q, float v[8]) { load_x8_coherent(q, v); });
       __syncthreads();
 #pragma unroll
@@ -744,18 +744,19 @@ bool use_mmq(const MoeShape& s, DType t, int64_t n) {
          (t == s.gate_up_type ? s.hidden : s.width) % kMmqKTile == 0;
 }
 
-// The smallest call the tensor-core decode tiles take (SPILL_MOE_MMA_FROM; 0 turns them off, 1 takes
-// batch 1 too: for measurement). Read once per process.
+// The process default of the smallest call the tensor-core decode tiles take (SPILL_MOE_MMA_FROM: 2
+// takes every call of 2 .. 8 tokens, 1 batch 1 too; 0, the default, none until the tiles are
+// measured against the one-token kernels on a GPU). Read once per process.
 int64_t moe_tile_from() {
-  static const int64_t v = env_int("SPILL_MOE_MMA_FROM", 2, 0, kMaxTokenGroup);
+  static const int64_t v = env_int("SPILL_MOE_MMA_FROM", 0, 0, kMaxTokenGroup);
   return v;
 }
 // Whether a call of n tokens runs a projection of type t on the tensor-core decode tiles (its format
 // has an MmqFormat and its rows whole K steps); each projection chooses alone (Q4_K_M files pair
 // Q4_K gate/up with a Q6_K down).
-bool use_tile(const MoeShape& s, DType t, int64_t n) {
-  const int64_t from = moe_tile_from();
-  return from > 0 && n >= from && n <= kMaxTokenGroup && mmq_format(t) &&
+bool use_tile(const MoePlan& plan, DType t, int64_t n) {
+  const MoeShape& s = plan.shape;
+  return plan.tile_from > 0 && n >= plan.tile_from && n <= kMaxTokenGroup && mmq_format(t) &&
          (t == s.gate_up_type ? s.hidden : s.width) % kMmqKTile == 0;
 }
 
@@ -791,7 +792,7 @@ ExpertSpanLayout expert_span_layout(const MoeShape& s) {
   return l;
 }
 
-MoePlan plan_moe(const MoeShape& s, int64_t max_tokens) {
+MoePlan plan_moe(const MoeShape& s, int64_t max_tokens, int64_t tile_from) {
   auto shape_text = [&] {
     return "hidden " + std::to_string(s.hidden) + ", width " + std::to_string(s.width) + ", " +
            std::to_string(s.n_experts) + " experts, top-" + std::to_string(s.top_k) + ", gate/up " +
@@ -817,6 +818,7 @@ MoePlan plan_moe(const MoeShape& s, int64_t max_tokens) {
   MoePlan plan;
   plan.shape = s;
   plan.max_tokens = max_tokens;
+  plan.tile_from = std::clamp<int64_t>(tile_from < 0 ? moe_tile_from() : tile_from, 0, kMaxTokenGroup);
   plan.workspace_bytes = workspace_layout(plan).bytes;
   return plan;
 }
@@ -826,7 +828,7 @@ int64_t moe_tokens_per_call(const MoeShape& shape) {
 }
 
 bool moe_reads_rounded_x(const MoePlan& plan, int64_t n) {
-  return use_mmq(plan.shape, plan.shape.gate_up_type, n) || use_tile(plan.shape, plan.shape.gate_up_type, n);
+  return use_mmq(plan.shape, plan.shape.gate_up_type, n) || use_tile(plan, plan.shape.gate_up_type, n);
 }
 
 int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded, bool cpu_experts) {
@@ -835,8 +837,8 @@ int moe_launches(const MoePlan& plan, int64_t n, bool x_rounded, bool cpu_expert
     // The decode tiles: gate/up (after x's rounding unless it comes rounded); down after the rounding
     // of SiLU(gate) * up, then the slot sum.
     int launches = kMoeLaunchesPerCall;
-    if (use_tile(plan.shape, plan.shape.gate_up_type, n) && !x_rounded) launches += 1;
-    if (use_tile(plan.shape, plan.shape.down_type, n)) launches += 2;
+    if (use_tile(plan, plan.shape.gate_up_type, n) && !x_rounded) launches += 1;
+    if (use_tile(plan, plan.shape.down_type, n)) launches += 2;
     return launches;
   }
   int launches = kMoeLaunchesPerCall + 1;
@@ -900,8 +902,8 @@ void moe_experts(const MoePlan& plan, const MoeArgs& a, cudaStream_t stream) {
   const bool mmq_gate_up = use_mmq(s, s.gate_up_type, a.n), mmq_down = use_mmq(s, s.down_type, a.n);
   // A decode step of 2 .. 8 tokens: the tensor-core decode tiles over the pairs gathered in place
   // (not with CPU experts, whose hand-over lives in the one-token kernels).
-  const bool tile_gate_up = !p.cpu.mask && use_tile(s, s.gate_up_type, a.n);
-  const bool tile_down = !p.cpu.mask && use_tile(s, s.down_type, a.n);
+  const bool tile_gate_up = !p.cpu.mask && use_tile(plan, s.gate_up_type, a.n);
+  const bool tile_down = !p.cpu.mask && use_tile(plan, s.down_type, a.n);
   const size_t list_bytes = size_t(p.pairs) * sizeof(int);
   // Token tiles of the tensor-core kernels: at most one per 32 pairs plus one per active key.
   const unsigned mmq_tiles = unsigned(mmq_tile_bound(p.pairs, s.n_experts + 1));

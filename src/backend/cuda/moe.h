@@ -17,7 +17,8 @@
 //      a per-pair partial row; the last block to finish a tile adds the partial rows of each token
 //      in slot order.
 // A call of one token runs a one-token build of both kernels (few registers, more warps per SM).
-// Calls of 2 to 8 tokens (SPILL_MOE_MMA_FROM) run, per projection whose format has an MmqFormat, a
+// Optionally (plan_moe's tile_from, SPILL_MOE_MMA_FROM; off by default until measured), calls of 2
+// to 8 tokens run, per projection whose format has an MmqFormat, a
 // tensor-core decode tile instead (mmq.cuh: the expert's pairs gathered in place as above, one token
 // tile of 8; x rounded once by the RMSNorm or round_rows, SiLU(gate) * up rounded between the
 // two, the slots added by a small combine kernel); the other projections keep the one-token build.
@@ -68,12 +69,17 @@ ExpertSpanLayout expert_span_layout(const MoeShape& shape);
 struct MoePlan {
   MoeShape shape;
   int64_t max_tokens = 0;
+  // Calls of tile_from .. 8 tokens run the tensor-core decode tiles (per projection whose format
+  // has an MmqFormat); 0: never.
+  int64_t tile_from = 0;
   int64_t workspace_bytes = 0;
 };
 
 // Checks the shape (block formats the kernels decode, widths whole blocks) and sizes the workspace
-// for up to max_tokens tokens per call.
-MoePlan plan_moe(const MoeShape& shape, int64_t max_tokens);
+// for up to max_tokens tokens per call. tile_from: MoePlan::tile_from; -1: the process default,
+// SPILL_MOE_MMA_FROM or 0 (off: the tiles have not been measured against the one-token kernels yet,
+// docs/perf/NOTES.md).
+MoePlan plan_moe(const MoeShape& shape, int64_t max_tokens, int64_t tile_from = -1);
 
 // Zeroes the workspace's tile counters (once after allocation; the kernels leave them zero).
 void init_moe_workspace(const MoePlan& plan, void* workspace, cudaStream_t stream);
