@@ -290,6 +290,22 @@ WorkspaceLayout workspace_layout(const GemvPlan& plan) {
   return w;
 }
 
+// The fields both decode kernels' parameters share: the weights, the output, the K split and its
+// workspace (the chunks' partial sums and the tiles' counters).
+template <class P>
+void set_split_params(P& p, const GemvPlan& plan, const GemvArgs& args, const WorkspaceLayout& w) {
+  p.weights = static_cast<const uint8_t*>(args.weights);
+  p.y = args.y;
+  p.partial = static_cast<float*>(args.workspace);
+  p.counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(args.workspace) + w.counters);
+  p.rows = plan.rows;
+  p.cols = plan.cols;
+  p.row_bytes = row_bytes(plan.type, plan.cols);
+  p.k_chunk = plan.k_chunk;
+  p.n = args.n;
+  p.k_splits = plan.k_splits;
+}
+
 }  // namespace
 
 GemvPlan plan_gemv(DType type, int64_t rows, int64_t cols, int64_t max_n, int64_t mma_from) {
@@ -381,17 +397,8 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     if (!(plan.mmq && args.n >= kMmqMinTokens)) {
       // Fewer than kMmqMinTokens: the decode tile over the plan's K split.
       MmqDecodeParams p{};
-      p.weights = static_cast<const uint8_t*>(args.weights);
+      set_split_params(p, plan, args, w);
       p.acts = acts;
-      p.y = args.y;
-      p.partial = static_cast<float*>(args.workspace);
-      p.counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(args.workspace) + w.counters);
-      p.rows = plan.rows;
-      p.cols = plan.cols;
-      p.row_bytes = row_bytes(plan.type, plan.cols);
-      p.k_chunk = plan.k_chunk;
-      p.n = args.n;
-      p.k_splits = plan.k_splits;
       dispatch_block_type(plan.type, [&](auto type_constant) {
         constexpr DType T = decltype(type_constant)::value;
         if constexpr (mmq_format(T)) {
@@ -434,17 +441,8 @@ void gemv(const GemvPlan& plan, const GemvArgs& args, cudaStream_t stream) {
     throw_error("GEMV called with " + std::to_string(args.n) + " activation rows; its decode path takes at most " +
                 std::to_string(w.gemv_max_n));
   GemvParams p{};
-  p.weights = static_cast<const uint8_t*>(args.weights);
+  set_split_params(p, plan, args, w);
   p.x = args.x;
-  p.y = args.y;
-  p.partial = static_cast<float*>(args.workspace);
-  p.counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(args.workspace) + w.counters);
-  p.rows = plan.rows;
-  p.cols = plan.cols;
-  p.row_bytes = row_bytes(plan.type, plan.cols);
-  p.k_chunk = plan.k_chunk;
-  p.n = args.n;
-  p.k_splits = plan.k_splits;
   p.stride = staged_row_stride(int(segment_bytes(plan.type, plan.k_chunk)));
   p.token_group = args.n == 1 ? 1 : token_group_for(plan.k_chunk);
   // +16: word loads may touch past a row's end
