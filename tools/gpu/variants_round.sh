@@ -8,7 +8,8 @@
 # 1 and 8. Logs under $OUT (logs.tar.gz). A variant may set the environment of its run: NAME=VALUE+binary
 # (e.g. SPILL_GEMV_BULK=0,SPILL_MOE_BULK=0+cuda_decode_bench); MOE_VARIANTS (default: cuda_moe_bench_base cuda_moe_bench)
 # names the cuda_moe_bench runs the same way. DECODE=none skips the decode runs, and TESTS=none plus
-# SAN=none the checks, so that one round's checks and another's timings fit the per-call limit.
+# SAN=none the checks, so that one round's checks and another's timings fit the per-call limit. BENCH_ARGS
+# goes to every decode run (e.g. "--host-layers 14" for experts in host RAM).
 #   usage (repo root, device): VARIANTS="cuda_decode_bench_base cuda_decode_bench_mid cuda_decode_bench" \
 #                              CONTEXTS="512 4096" tools/gpu/variants_round.sh      carry: [".carry/pack.tar.xz"]
 cd "$(dirname "$0")/../.."
@@ -36,7 +37,7 @@ stamp
 [ "${DECODE:-}" = none ] && exit 0
 run() {  # name variant layers context batches
   timeout $(budget 40) $(variant_cmd $2) --shape tests/data/shapes/s30.json --layers $3 --batches $5 --context $4 \
-    --steps 30 --prefill-chunk 4096 > "$OUT/$(variant_tag $1).txt" 2>&1
+    --steps 30 --prefill-chunk 4096 ${BENCH_ARGS:-} > "$OUT/$(variant_tag $1).txt" 2>&1
   echo "== $1: rc=$?"; grep -E "^ +[0-9]+ |prefill of" "$OUT/$(variant_tag $1).txt" | head -4
 }
 for rep in $(seq 1 ${REPS:-2}); do
