@@ -446,39 +446,23 @@ __device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
 template <class XRow, class Load>
 __device__ __forceinline__ void quantize_tokens(XRow&& x_row, int tokens, int k_len, const ActQ8& out, Load&& load) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const int blocks = (k_len + kActBlock - 1) / kActBlock, items = tokens * blocks;
-  // A warp's items go two at a time: both loads are in flight before either is rounded, since each
-  // item's rounding waits on its load's whole round trip (a decode GEMV of 8 tokens gives a warp 6
-  // items: 3 round trips rather than 6). Each item is rounded as alone, so the bits do not change.
-  constexpr int kInFlight = 2;
-  for (int first = warp; first < items; first += kInFlight * warps) {
-    float v[kInFlight][8];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int item = first + u * warps, t = item / blocks, b = item % blocks;
-      const int i0 = b * kActBlock + 8 * lane;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[u][i] = 0.0f;
-      // k_len is a multiple of 32, so a lane has all 8 or none
-      if (item < items && i0 < k_len) load(x_row(t) + i0, v[u]);
+  const int blocks = (k_len + kActBlock - 1) / kActBlock;
+  for (int item = warp; item < tokens * blocks; item += warps) {
+    const int t = item / blocks, b = item % blocks;
+    const int i0 = b * kActBlock + 8 * lane;
+    const bool mine = i0 < k_len;  // k_len is a multiple of 32, so a lane has all 8 or none
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (mine) load(x_row(t) + i0, v);
+    int q[8];
+    const float d = round_block_q8(v, q);
+    if (mine) {
+      uint2 packed;
+      packed.x = pack_bytes(q[0], q[1], q[2], q[3]);
+      packed.y = pack_bytes(q[4], q[5], q[6], q[7]);
+      *reinterpret_cast<uint2*>(out.q + t * out.q_stride + i0) = packed;
+      out.s8[t * out.s8_stride + i0 / 8] = int16_t(q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7]);
     }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int item = first + u * warps;
-      if (item >= items) break;  // the same for the whole warp
-      const int t = item / blocks, b = item % blocks;
-      const int i0 = b * kActBlock + 8 * lane;
-      int q[8];
-      const float d = round_block_q8(v[u], q);
-      if (i0 < k_len) {
-        uint2 packed;
-        packed.x = pack_bytes(q[0], q[1], q[2], q[3]);
-        packed.y = pack_bytes(q[4], q[5], q[6], q[7]);
-        *reinterpret_cast<uint2*>(out.q + t * out.q_stride + i0) = packed;
-        out.s8[t * out.s8_stride + i0 / 8] = int16_t(q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7]);
-      }
-      if (lane == 0) out.d[t * out.d_stride + b] = d;
-    }
+    if (lane == 0) out.d[t * out.d_stride + b] = d;
   }
 }
 
