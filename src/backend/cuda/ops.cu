@@ -1621,18 +1621,13 @@ __global__ void __launch_bounds__(kBlock) matmul_float_kernel(const W* w, int64_
       if (c >= cols) break;
       float wv[kVec];
       buf[p].unpack(wv);
-      // Every token's activations are requested before the first fma: behind a `break` at t == nt the
-      // loads went out one round trip after another (~1.3 us per token at decode). The fma order per
-      // token is unchanged.
-      float xv[kTokenGroup][kVec];
-#pragma unroll
-      for (int t = 0; t < kTokenGroup; ++t)
-        if (t < nt) load_x<kVec>(x + (t0 + t) * cols + c, xv[t]);
 #pragma unroll
       for (int t = 0; t < kTokenGroup; ++t) {
         if (t >= nt) break;
+        float xv[kVec];
+        load_x<kVec>(x + (t0 + t) * cols + c, xv);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[t] = __fmaf_rn(wv[e], xv[t][e], acc[t]);
+        for (int e = 0; e < kVec; ++e) acc[t] = __fmaf_rn(wv[e], xv[e], acc[t]);
       }
     }
   }
