@@ -27,7 +27,9 @@ TEST(CpuExperts, TheSplitTakesAnEvenShareOfTheHostExpertsOnly) {
     ASSERT_EQ(cpu.size(), on_host.size());
     int taken = 0;
     for (size_t e = 0; e < cpu.size(); ++e) {
-      if (cpu[e]) EXPECT_TRUE(on_host[e]) << "expert " << e << " is in VRAM";
+      if (cpu[e]) {
+        EXPECT_TRUE(on_host[e]) << "expert " << e << " is in VRAM";
+      }
       taken += cpu[e];
     }
     EXPECT_EQ(taken, int(std::floor(8 * share + 1e-9))) << "share " << share;

@@ -310,30 +310,42 @@ TEST(CudaMoe, TokenAloneIsBitIdenticalToTokenInBatchesOfEightAndSeventeen) {
 
 TEST(CudaMoe, MappedPinnedHostExpertsGiveBitIdenticalOutput) {
   SPILL_SKIP_WITHOUT_GPU();
-  const MoeCase c{768, 256, 8, 3, DType::Q3_K, DType::Q3_K};
-  const Experts ex(c, 61);
-  const Routing r = random_routing(c, 4, 8, 62);
-  DeviceBuffer spans(ex.bytes.size());
-  spans.upload(ex.bytes.data(), ex.bytes.size());
-  const auto vram = run_cuda(c, ex, spans.as<uint8_t>(), r, 4, 4);
-  void* host = nullptr;
-  CUDA_OK(cudaHostAlloc(&host, ex.bytes.size(), cudaHostAllocMapped));
-  std::memcpy(host, ex.bytes.data(), ex.bytes.size());
-  void* mapped = nullptr;
-  CUDA_OK(cudaHostGetDevicePointer(&mapped, host, 0));
-  const auto pinned = run_cuda(c, ex, static_cast<const uint8_t*>(mapped), r, 4, 4);
-  cudaFreeHost(host);
-  ASSERT_EQ(std::memcmp(vram.data(), pinned.data(), vram.size() * 4), 0);
+  // The same bytes in VRAM and in mapped pinned host memory, read in place: the one-token kernels
+  // (tile_from 0) and the tensor-core decode tiles (tile_from 2, which read each row's K steps as
+  // pieces rather than whole rows) must give the same bits from either.
+  for (DType type : {DType::Q3_K, DType::Q4_K}) {
+    const MoeCase c{768, 256, 8, 3, type, type};
+    const Experts ex(c, 61);
+    const Routing r = random_routing(c, 4, 8, 62);
+    DeviceBuffer spans(ex.bytes.size());
+    spans.upload(ex.bytes.data(), ex.bytes.size());
+    void* host = nullptr;
+    CUDA_OK(cudaHostAlloc(&host, ex.bytes.size(), cudaHostAllocMapped));
+    std::memcpy(host, ex.bytes.data(), ex.bytes.size());
+    void* mapped = nullptr;
+    CUDA_OK(cudaHostGetDevicePointer(&mapped, host, 0));
+    for (int64_t tile_from : {0, 2}) {
+      const auto vram = run_cuda(c, ex, spans.as<uint8_t>(), r, 4, 4, tile_from);
+      const auto pinned = run_cuda(c, ex, static_cast<const uint8_t*>(mapped), r, 4, 4, tile_from);
+      EXPECT_EQ(std::memcmp(vram.data(), pinned.data(), vram.size() * 4), 0)
+          << dtype_name(type) << " tile_from " << tile_from;
+    }
+    cudaFreeHost(host);
+  }
 }
 
 TEST(CudaMoe, CapturedGraphFollowsTheTableWhenItChanges) {
   SPILL_SKIP_WITHOUT_GPU();
+  // The one-token kernels and (tile_from 2) the tensor-core decode tiles: each reads the table
+  // when it runs, so a captured graph follows a changed entry.
+  for (int64_t tile_from : {0, 2}) {
+  SCOPED_TRACE("tile_from " + std::to_string(tile_from));
   const MoeCase c{256, 256, 4, 2, DType::Q4_K, DType::Q4_K};
   const Experts ex(c, 71);
   const Routing r = random_routing(c, 2, 4, 72);
   DeviceBuffer spans(ex.bytes.size());
   spans.upload(ex.bytes.data(), ex.bytes.size());
-  const cuda::MoePlan plan = cuda::plan_moe(moe_shape(c), 2);
+  const cuda::MoePlan plan = cuda::plan_moe(moe_shape(c), 2, tile_from);
   auto table = ex.table(spans.as<uint8_t>());
   DeviceBuffer dtable(table.size() * sizeof(cuda::ExpertWeights)), dx(r.x.size() * 4), dids(r.ids.size() * 4),
       dw(r.weights.size() * 4), dout(size_t(2 * c.hidden) * 4), ws(size_t(plan.workspace_bytes));
@@ -371,6 +383,7 @@ TEST(CudaMoe, CapturedGraphFollowsTheTableWhenItChanges) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+  }
 }
 
 TEST(CudaMoe, RefusesBadShapesClearly) {
