@@ -150,8 +150,11 @@ TEST(Gguf, EveryTruncationIsAnError) {
   for (size_t n = 0; n < bytes.size(); ++n) {
     std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + std::ptrdiff_t(n));
     const std::string msg = error_of(cut);
-    if (n < data_end) EXPECT_FALSE(msg.empty()) << "cut at " << n << " of " << bytes.size();
-    else EXPECT_EQ(msg, "") << "cut at " << n;
+    if (n < data_end) {
+      EXPECT_FALSE(msg.empty()) << "cut at " << n << " of " << bytes.size();
+    } else {
+      EXPECT_EQ(msg, "") << "cut at " << n;
+    }
   }
 }
 

@@ -318,8 +318,11 @@ TEST(OffloadLayout, ExpertParallelPlansLayOutEachGpusOwnExperts) {
       const int owner = pl.owners[e];
       for (int g = 0; g < 2; ++g) {
         const Home h = lays[size_t(g)].layers[i].experts[e].home;
-        if (g != owner) EXPECT_EQ(h, Home::AnotherGpu) << "layer " << pl.layer << " expert " << e << " GPU " << g;
-        else EXPECT_EQ(h, on_host.count(int32_t(e)) ? Home::HostCopy : Home::Vram) << "layer " << pl.layer << " expert " << e;
+        if (g != owner) {
+          EXPECT_EQ(h, Home::AnotherGpu) << "layer " << pl.layer << " expert " << e << " GPU " << g;
+        } else {
+          EXPECT_EQ(h, on_host.count(int32_t(e)) ? Home::HostCopy : Home::Vram) << "layer " << pl.layer << " expert " << e;
+        }
       }
     }
     EXPECT_EQ(lays[0].layers[i].elsewhere + lays[1].layers[i].elsewhere, shape.n_experts);

@@ -49,13 +49,19 @@ TEST(PlacementProfile, ZipfProfileRoutesTopKPerTokenWithTheLawsShares) {
       EXPECT_NEAR(sum, 6.0, 384 * 1e-6) << "S " << S;  // counts rounded to 1e-6 of a token each
       std::sort(u.begin(), u.end(), std::greater<>());
       EXPECT_LE(u[0], 1.0);
-      if (S == 0.0) EXPECT_NEAR(u[383], 6.0 / 384, 1e-6);
+      if (S == 0.0) {
+        EXPECT_NEAR(u[383], 6.0 / 384, 1e-6);
+      }
       // Below the experts every token takes, the shares follow r^-S: rank 100 against rank 200, to
       // the rounding of each count to a whole token of 1e6 (half a token each, relative).
       const double ratio = std::pow(200.0 / 100.0, S);
-      if (u[99] < 1.0) EXPECT_NEAR(u[99] / u[199], ratio, ratio * (0.5e-6 / u[99] + 0.5e-6 / u[199])) << "S " << S;
+      if (u[99] < 1.0) {
+        EXPECT_NEAR(u[99] / u[199], ratio, ratio * (0.5e-6 / u[99] + 0.5e-6 / u[199])) << "S " << S;
+      }
     }
-    if (S > 0) EXPECT_NE(p.layers[0].decode, p.layers[2].decode);  // each layer its own ranking
+    if (S > 0) {
+      EXPECT_NE(p.layers[0].decode, p.layers[2].decode);  // each layer its own ranking
+    }
     EXPECT_EQ(zipf_profile(spec, S, 7).layers[2].decode, p.layers[2].decode);
   }
   // At S = 3 the head of the law is capped: the first experts take every token.

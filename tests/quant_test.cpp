@@ -338,8 +338,11 @@ TEST_P(DotQ8Test, EveryKernelPathGivesTheSameBits) {
     for (auto p : {spill::quant::KernelPath::Avx2, spill::quant::KernelPath::Avx512}) {
       if (!spill::quant::cpu_supports(p)) continue;
       const float v = spill::quant::dot_q8_on(p, t, row.data(), a);
-      if (std::isnan(scalar)) EXPECT_TRUE(std::isnan(v));
-      else EXPECT_EQ(bits_of(v), bits_of(scalar)) << spill::quant::kernel_path_name(p) << " vs scalar, n=" << n;
+      if (std::isnan(scalar)) {
+        EXPECT_TRUE(std::isnan(v));
+      } else {
+        EXPECT_EQ(bits_of(v), bits_of(scalar)) << spill::quant::kernel_path_name(p) << " vs scalar, n=" << n;
+      }
       ++paths_compared;
     }
   }
@@ -369,8 +372,11 @@ TEST_P(DotQ8Test, ManyTokensGetTheBitsOfOneAtATime) {
     fn(row.data(), acts.data(), count, out.data(), stride);
     for (int64_t i = 0; i < count; ++i) {
       const float want = spill::quant::dot_q8(t, row.data(), acts[size_t(i)]);
-      if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[size_t(i * stride)]));
-      else EXPECT_EQ(bits_of(out[size_t(i * stride)]), bits_of(want)) << "token " << i << " of " << count;
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[size_t(i * stride)]));
+      } else {
+        EXPECT_EQ(bits_of(out[size_t(i * stride)]), bits_of(want)) << "token " << i << " of " << count;
+      }
     }
   }
 }

@@ -83,7 +83,7 @@ const Nccl& nccl() {
 }
 
 NcclInfo info_of(const Nccl& n) {
-  NcclInfo info{.ok = n.lib != nullptr, .path = n.path, .why = n.why};
+  NcclInfo info{.ok = n.lib != nullptr, .path = n.path, .version = {}, .why = n.why};
   if (!info.ok) return info;
   int code = 0;
   if (n.get_version(&code) != kNcclSuccess) {

@@ -168,7 +168,11 @@ class ExpertParallelRunner final : public ModelRunner {
 
   std::string describe() const override {
     std::string s = fmt::format("expert-parallel over {} GPUs:", shards_.size());
-    for (const auto& r : shards_) s += " " + r->describe() + ";";
+    for (const auto& r : shards_) {
+      s += ' ';
+      s += r->describe();
+      s += ';';
+    }
     s.pop_back();
     return s;
   }
