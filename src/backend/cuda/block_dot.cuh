@@ -437,8 +437,12 @@ __device__ __forceinline__ float round_block_q8(const float v[8], int q[8]) {
   return bad ? __int_as_float(0x7FC00000) : __fdiv_rn(amax, 127.0f);
 }
 
-__device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
-  return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
+// A rounded block's eight int8 values of one lane as the two words they are stored in (lowest first).
+__device__ __forceinline__ uint2 pack_q8x8(const int q[8]) {
+  auto word = [](int a, int b, int c, int d) {
+    return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
+  };
+  return make_uint2(word(q[0], q[1], q[2], q[3]), word(q[4], q[5], q[6], q[7]));
 }
 
 // The whole thread block rounds `tokens` tokens' activations [0, k_len) (x_row(t) points at the
@@ -456,10 +460,7 @@ __device__ __forceinline__ void quantize_tokens(XRow&& x_row, int tokens, int k_
     int q[8];
     const float d = round_block_q8(v, q);
     if (mine) {
-      uint2 packed;
-      packed.x = pack_bytes(q[0], q[1], q[2], q[3]);
-      packed.y = pack_bytes(q[4], q[5], q[6], q[7]);
-      *reinterpret_cast<uint2*>(out.q + t * out.q_stride + i0) = packed;
+      *reinterpret_cast<uint2*>(out.q + t * out.q_stride + i0) = pack_q8x8(q);
       out.s8[t * out.s8_stride + i0 / 8] = int16_t(q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7]);
     }
     if (lane == 0) out.d[t * out.d_stride + b] = d;

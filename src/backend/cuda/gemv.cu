@@ -125,12 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32) round_rows_kernel(const XT* x, in
   if (mine) load_x8<XT>(x + t * cols + k0 + i0, v);
   int r[8];
   const float scale = round_block_q8(v, r);
-  if (mine) {
-    uint2 packed;
-    packed.x = pack_bytes(r[0], r[1], r[2], r[3]);
-    packed.y = pack_bytes(r[4], r[5], r[6], r[7]);
-    *reinterpret_cast<uint2*>(q + t * cols + k0 + i0) = packed;
-  }
+  if (mine) *reinterpret_cast<uint2*>(q + t * cols + k0 + i0) = pack_q8x8(r);
   if (lane == 0) d[t * ((cols + kActBlock - 1) / kActBlock) + (k0 + warp * kActBlock) / kActBlock] = scale;
 }
 
