@@ -586,54 +586,88 @@ TEST(CudaOps, TensorCoreAttentionIsBatchInvariant) {
   ASSERT_EQ(0, std::memcmp(wide_grid.data(), alone.data(), size_t(Q) * 4));
 }
 
+// One step of the tokens at `positions` (sequence i's block table starts at offsets[i]) through every
+// prompt build of the tensor-core attention (AttentionArgs::prompt_warps 0, 4, 8), over a random BF16
+// cache of n_blocks blocks of 16; each token's output must be the bits it gets alone (the decode build).
+static void expect_prompt_tokens_keep_their_decode_bits(int64_t group, int64_t nkv, int32_t n_blocks,
+                                                        const std::vector<int32_t>& tables,
+                                                        const std::vector<int32_t>& positions,
+                                                        const std::vector<int32_t>& offsets, uint64_t seed) {
+  const int64_t D = 128;
+  const int32_t bs = 16;
+  const int64_t nh = group * nkv, Q = nh * D, KV = nkv * D;
+  const auto kf = randn(size_t(n_blocks) * bs * size_t(KV), seed), vf = randn(size_t(n_blocks) * bs * size_t(KV), seed + 1);
+  std::vector<uint16_t> kb(kf.size()), vb(vf.size());
+  for (size_t i = 0; i < kf.size(); ++i) kb[i] = f32_to_bf16(kf[i]), vb[i] = f32_to_bf16(vf[i]);
+  DeviceBuffer kd = to_device(kb), vd = to_device(vb), td = to_device(tables);
+  auto run = [&](const std::vector<int32_t>& pos, const std::vector<int32_t>& offs, const float* q, int32_t width) {
+    const int64_t n = int64_t(pos.size());
+    DeviceBuffer qd = to_device(std::vector<float>(q, q + n * Q)), pd = to_device(pos), od = to_device(offs),
+                 out(size_t(n * Q) * 4);
+    const int32_t mp = *std::max_element(pos.begin(), pos.end()) + 1;
+    DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, nh, D, mp), 1)) * 4);
+    const cuda::AttentionArgs args{.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr,
+                                   .kv_type = KvFormat::BF16, .positions = pd.as<int32_t>(),
+                                   .table_offset = od.as<int32_t>(), .block_tables = td.as<int32_t>(),
+                                   .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh,
+                                   .n_kv_heads = nkv, .head_dim = D, .max_positions = mp, .workspace = ws.as<float>(),
+                                   .prompt_warps = width};
+    EXPECT_EQ(cuda::attention_mma_heads(args), int(group));
+    cuda::paged_attention(args, s0);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return test::download<float>(out.ptr, size_t(n * Q));
+  };
+  const int64_t n = int64_t(positions.size());
+  const auto q = randn(size_t(n * Q), seed + 2);
+  std::vector<std::vector<float>> alone(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) alone[size_t(t)] = run({positions[size_t(t)]}, {offsets[size_t(t)]}, q.data() + t * Q, 0);
+  for (const int32_t width : {0, 4, 8}) {
+    const auto step = run(positions, offsets, q.data(), width);
+    for (int64_t t = 0; t < n; ++t)
+      ASSERT_EQ(0, std::memcmp(alone[size_t(t)].data(), step.data() + t * Q, size_t(Q) * 4))
+          << "group " << group << " prompt build " << width << " token " << t << " position " << positions[size_t(t)];
+  }
+}
+
 TEST(CudaOps, TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits) {
   SPILL_SKIP_WITHOUT_GPU();
   // A step of two prompt chunks and decodes, long enough that consecutive tokens share m16 tiles
-  // (16 / group of them: 2 for S30's group of 8, 4 for 4, 8 for 2, one for 16 and 5). Each token's
+  // (16 / group of them: 2 for S30's group of 8, 4 for 4, 8 for 2, one for 16, 3 for 5). Each token's
   // output must be the bits it gets alone. The chunks cross partitions of different lengths (128
   // positions up to 128, then 96 at 129..192, 128 at 257..384, ...), the first chunk's length is
   // odd so a tile pair straddles the two sequences, and a decode token sits between them.
-  const int64_t D = 128, nkv = 2;
-  const int32_t bs = 16, n_blocks = 96, per_seq = n_blocks / 3;
-  for (const int64_t group : {8, 4, 2, 16, 5}) {
-    const int64_t nh = group * nkv, Q = nh * D, KV = nkv * D;
-    const auto kf = randn(size_t(n_blocks * bs * KV), 41 + group), vf = randn(size_t(n_blocks * bs * KV), 42 + group);
-    std::vector<uint16_t> kb(kf.size()), vb(vf.size());
-    for (size_t i = 0; i < kf.size(); ++i) kb[i] = f32_to_bf16(kf[i]), vb[i] = f32_to_bf16(vf[i]);
-    DeviceBuffer kd = to_device(kb), vd = to_device(vb);
-    std::vector<int32_t> tables(n_blocks);
-    std::iota(tables.begin(), tables.end(), 0);
-    std::reverse(tables.begin(), tables.end());  // three sequences' tables of per_seq blocks each
-    DeviceBuffer td = to_device(tables);
-    std::vector<int32_t> positions, offsets;
-    for (int32_t p = 60; p < 60 + 151; ++p) positions.push_back(p), offsets.push_back(0);
-    positions.push_back(300), offsets.push_back(2 * per_seq);  // a decode of the third sequence
-    for (int32_t p = 250; p < 250 + 140; ++p) positions.push_back(p), offsets.push_back(per_seq);
-    auto run = [&](const std::vector<int32_t>& pos, const std::vector<int32_t>& offs, const float* q) {
-      const int64_t n = int64_t(pos.size());
-      DeviceBuffer qd = to_device(std::vector<float>(q, q + n * Q)), pd = to_device(pos), od = to_device(offs),
-                   out(size_t(n * Q) * 4);
-      const int32_t mp = *std::max_element(pos.begin(), pos.end()) + 1;
-      DeviceBuffer ws(size_t(std::max<int64_t>(cuda::attention_workspace_floats(n, nh, D, mp), 1)) * 4);
-      const cuda::AttentionArgs args{.q = qd.as<float>(), .ld_q = Q, .k_cache = kd.ptr, .v_cache = vd.ptr,
-                                     .kv_type = KvFormat::BF16, .positions = pd.as<int32_t>(),
-                                     .table_offset = od.as<int32_t>(), .block_tables = td.as<int32_t>(),
-                                     .block_size = bs, .out = out.as<float>(), .n = n, .n_heads = nh,
-                                     .n_kv_heads = nkv, .head_dim = D, .max_positions = mp, .workspace = ws.as<float>()};
-      EXPECT_EQ(cuda::attention_mma_heads(args), int(group));
-      cuda::paged_attention(args, s0);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      return test::download<float>(out.ptr, size_t(n * Q));
-    };
-    const int64_t n = int64_t(positions.size());
-    const auto q = randn(size_t(n * Q), 43 + group);
-    const auto step = run(positions, offsets, q.data());
-    for (int64_t t = 0; t < n; ++t) {
-      const auto alone = run({positions[size_t(t)]}, {offsets[size_t(t)]}, q.data() + t * Q);
-      ASSERT_EQ(0, std::memcmp(alone.data(), step.data() + t * Q, size_t(Q) * 4))
-          << "group " << group << " token " << t << " position " << positions[size_t(t)];
-    }
-  }
+  const int64_t nkv = 2;
+  const int32_t n_blocks = 96, per_seq = n_blocks / 3;
+  std::vector<int32_t> tables(n_blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::reverse(tables.begin(), tables.end());  // three sequences' tables of per_seq blocks each
+  std::vector<int32_t> positions, offsets;
+  for (int32_t p = 60; p < 60 + 151; ++p) positions.push_back(p), offsets.push_back(0);
+  positions.push_back(300), offsets.push_back(2 * per_seq);  // a decode of the third sequence
+  for (int32_t p = 250; p < 250 + 140; ++p) positions.push_back(p), offsets.push_back(per_seq);
+  for (const int64_t group : {8, 4, 2, 16, 5})
+    expect_prompt_tokens_keep_their_decode_bits(group, nkv, n_blocks, tables, positions, offsets, uint64_t(41 + group));
+}
+
+TEST(CudaOps, TensorCoreAttentionOfALongPromptGivesEachTokenItsDecodeBits) {
+  SPILL_SKIP_WITHOUT_GPU();
+  // Past 8K positions a partition holds more than 4 tiles, so each of the decode build's four warp
+  // states walks several (the prompt build rebuilds them one after another). One sequence of 20,096
+  // positions, its block table shuffled; a chunk at 18,400..18,479 crosses the partition length's
+  // change from 288 to 320 (at 18,433 positions), one at 20,000..20,095 has partitions of 320 (10
+  // tiles: states of 3, 3, 2 and 2 tiles), and a decode token of a second, short sequence sits between.
+  const int64_t nkv = 2;
+  const int32_t seq_blocks = 20096 / 16, n_blocks = seq_blocks + 4;
+  std::vector<int32_t> tables(n_blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::mt19937 rng(7);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  std::vector<int32_t> positions, offsets;
+  for (int32_t p = 18400; p < 18480; ++p) positions.push_back(p), offsets.push_back(0);
+  positions.push_back(40), offsets.push_back(seq_blocks);
+  for (int32_t p = 20000; p < 20096; ++p) positions.push_back(p), offsets.push_back(0);
+  for (const int64_t group : {8, 16, 5})
+    expect_prompt_tokens_keep_their_decode_bits(group, nkv, n_blocks, tables, positions, offsets, uint64_t(71 + group));
 }
 
 // ---- FP8 KV cache -------------------------------------------------------------------------------

@@ -1268,6 +1268,320 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
   }
 }
 
+// ---- prompt attention: a block's m16 query tiles share every staged K/V tile -----------------------
+// attention_mma_kernel's prompt build fetches each K/V tile once per m16 tile of queries (2 tokens of
+// S30's group of 8, one token of S235's 16) and lets a block's 4 warps split the positions: at a 32K
+// context that is 40 TFLOP/s of bf16 products. Here every warp of a block owns its own m16 tile of
+// consecutive tokens of one sequence, and the block stages each 32-position K/V tile once in shared
+// memory for all of them (kWarps m16 tiles per fetch).
+//
+// Each token keeps the bits attention_mma_kernel gives it. There, state w (warp w of 4) walks the
+// partition's tiles w, w + 4, ... with the online softmax, and the four states merge with their common
+// max M: L = sum_w l_w f_w, O = sum_w o_w f_w (fma, w ascending), f_w = expf(m_w - M). A warp here
+// cannot hold four states (64 registers of O each), so it walks the partition twice. Pass 1 takes
+// Q K^T of every tile for each state's final max only (the max of its live tiles' maxima, exact in any
+// order), so M and every f_w are known before any state is built. Pass 2 builds state 0 over tiles 0,
+// 4, ... with the per-tile step of attention_mma_kernel, folds it into (L, O) with f_0, then state 1,
+// and so on. One more Q K^T per tile (1.5x the products) buys K/V fetched once per kWarps m16 tiles.
+// The block's tokens take passes by runs that read the same positions (one sequence, one partition
+// length); a decode token in a mixed step is a run of its own. BF16 cache only.
+__host__ __device__ constexpr int prompt_k_row_bytes(int D) { return 2 * D + 64; }  // a quarter-warp's 16-byte reads of K land in 8 distinct bank groups
+__host__ __device__ constexpr int prompt_stage_bytes(int D) {
+  return kMmaTile * (prompt_k_row_bytes(D) + mma_v_row_bytes(D));
+}
+__host__ __device__ constexpr int prompt_attention_smem(int D) { return 2 * prompt_stage_bytes(D); }  // two stages
+
+template <int D, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attention_prompt_kernel(AttentionArgs a, int32_t n_parts_grid,
+                                                                                   int32_t kHeads, int32_t tile_tokens) {
+  constexpr int kSteps = D / 16;   // k steps of Q K^T
+  constexpr int kWords = D / 32;   // 16-byte words of a K row per lane and position
+  constexpr int kOTiles = D / 8;   // n tiles of P V
+  constexpr int kPieces = 2 * D / 16;  // 16-byte pieces of a K or V row
+  constexpr int kStates = kWarpsPerBlock;  // the decode build's warps
+  extern __shared__ __align__(16) uint8_t smem[];
+  overlap_prologue();
+  const int32_t chunks = int32_t(a.n_heads / kHeads);
+  const int32_t block_tokens = kWarps * tile_tokens;
+  const int32_t t_first = (int32_t(blockIdx.x) / chunks) * block_tokens, h0 = (int32_t(blockIdx.x) % chunks) * kHeads;
+  const int32_t t_stop = min(int32_t(a.n), t_first + block_tokens);
+  const int part = blockIdx.y;
+  const int32_t kvh = h0 / int32_t(a.n_heads / a.n_kv_heads);
+  const int64_t row_elems = a.n_kv_heads * D;
+  const float scale = 1.0f / sqrtf(float(D));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
+  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.k_cache) + int64_t(kvh) * D;
+  const __nv_bfloat16* vc = static_cast<const __nv_bfloat16*>(a.v_cache) + int64_t(kvh) * D;
+
+  for (int32_t run = t_first; run < t_stop;) {  // block-uniform
+    // The pass's tokens run .. run_end - 1: the longest run from `run` reading the same positions.
+    const int32_t offset = a.table_offset[run];
+    const int32_t len = attention_split(a.positions[run] + 1, a.min_partition).length;
+    int32_t run_end = run + 1;
+    while (run_end < t_stop && a.table_offset[run_end] == offset &&
+           attention_split(a.positions[run_end] + 1, a.min_partition).length == len)
+      ++run_end;
+    const int32_t pass_first = run;
+    run = run_end;
+    const int32_t pb = part * len;
+    int32_t p_end_max = pb;
+    for (int32_t t = pass_first; t < run_end; ++t) p_end_max = max(p_end_max, min(a.positions[t] + 1, pb + len));
+    if (p_end_max <= pb) continue;  // no token of the pass reaches this partition
+    const int32_t* table = a.block_tables + offset;
+    // This warp's tokens and rows (row r: token wt0 + r / kHeads, head h0 + r % kHeads).
+    const int32_t wt0 = pass_first + warp * tile_tokens;
+    const int32_t rows = max(0, min(tile_tokens, run_end - wt0)) * kHeads;
+    int32_t row_end[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = g + 8 * r;
+      row_end[r] = row < rows ? max(pb, min(a.positions[wt0 + row / kHeads] + 1, pb + len)) : pb;
+    }
+    // Q as A fragments: rows g and g + 8 (zero past the warp's rows), as attention_mma_kernel takes them.
+    uint32_t qa[kSteps][4];
+#pragma unroll
+    for (int m = 0; m < kWords; ++m) {
+      float x[2][8];
+      const int d0 = 8 * (tq + 4 * m);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = g + 8 * r;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[r][i] = 0.0f;
+        if (row < rows) {
+          const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(wt0 + row / kHeads) * a.ld_q +
+                                                            int64_t(h0 + row % kHeads) * D + d0);
+          const float4 x0 = q[0], x1 = q[1];
+          x[r][0] = x0.x, x[r][1] = x0.y, x[r][2] = x0.z, x[r][3] = x0.w;
+          x[r][4] = x1.x, x[r][5] = x1.y, x[r][6] = x1.z, x[r][7] = x1.w;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        qa[2 * m + h][0] = pack_bf16x2(x[0][4 * h], x[0][4 * h + 1]);
+        qa[2 * m + h][1] = pack_bf16x2(x[1][4 * h], x[1][4 * h + 1]);
+        qa[2 * m + h][2] = pack_bf16x2(x[0][4 * h + 2], x[0][4 * h + 3]);
+        qa[2 * m + h][3] = pack_bf16x2(x[1][4 * h + 2], x[1][4 * h + 3]);
+      }
+    }
+
+    // Steps: pass 1 takes tiles 0 .. n_tiles - 1 (K only); pass 2 takes state 0's tiles 0, 4, ..., then
+    // state 1's 1, 5, ..., and so on (K and V).
+    const int32_t n_tiles = (p_end_max - pb + kMmaTile - 1) / kMmaTile;
+    const int32_t n_steps = 2 * n_tiles;
+    auto step_tile = [&](int32_t s) {
+      if (s < n_tiles) return s;
+      s -= n_tiles;
+      int32_t w = 0;
+      for (; w < kStates - 1; ++w) {
+        const int32_t count = n_tiles > w ? (n_tiles - w + kStates - 1) / kStates : 0;
+        if (s < count) break;
+        s -= count;
+      }
+      return w + kStates * s;
+    };
+    // Stage step s's tile (K, and V in pass 2) into buffer s % 2; rows past the pass's end are zeros.
+    auto stage = [&](int32_t s) {
+      if (s < n_steps) {
+        const int32_t tile = pb + kMmaTile * step_tile(s);
+        const int pieces = kMmaTile * kPieces * (s >= n_tiles ? 2 : 1);
+        const unsigned k_base = unsigned(__cvta_generic_to_shared(smem + (s & 1) * prompt_stage_bytes(D)));
+        const unsigned v_base = k_base + kMmaTile * prompt_k_row_bytes(D);
+        for (int i = threadIdx.x; i < pieces; i += 32 * kWarps) {
+          const bool is_v = i >= kMmaTile * kPieces;
+          const int c = is_v ? i - kMmaTile * kPieces : i, r = c / kPieces, w16 = c % kPieces;
+          const int32_t p = tile + r;
+          const bool live = p < p_end_max;
+          const int64_t slot = live ? int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
+          const __nv_bfloat16* src = (is_v ? vc : kc) + slot * row_elems + 8 * w16;  // a dead row: slot 0, nothing read
+          const unsigned dst = is_v ? v_base + unsigned(r * mma_v_row_bytes(D) + 16 * w16)
+                                    : k_base + unsigned(r * prompt_k_row_bytes(D) + 16 * w16);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(live ? 16 : 0));
+        }
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");  // an empty group past the end keeps the count
+    };
+
+    float m_state[kStates][2];  // pass 1: each state's final max, rows g and g + 8
+#pragma unroll
+    for (int w = 0; w < kStates; ++w) m_state[w][0] = m_state[w][1] = -INFINITY;
+    float f_state[kStates][2] = {}, L[2] = {0.0f, 0.0f}, out[kOTiles][4];
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, o[kOTiles][4];
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j)
+      out[j][0] = out[j][1] = out[j][2] = out[j][3] = o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+    stage(0);
+    for (int32_t s = 0; s < n_steps; ++s) {
+      stage(s + 1);
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      __syncthreads();  // step s's tile has landed for every warp
+      const uint8_t* k_tile = smem + (s & 1) * prompt_stage_bytes(D);
+      const uint8_t* v_tile = k_tile + kMmaTile * prompt_k_row_bytes(D);
+      const int32_t ti = step_tile(s), tile = pb + kMmaTile * ti;
+      if (rows > 0) {  // warp-uniform
+        // S = Q K^T for the tile's four n tiles of 8 positions, attention_mma_kernel's products.
+        float sc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+          const uint4* k4 = reinterpret_cast<const uint4*>(k_tile + (8 * j + g) * prompt_k_row_bytes(D));
+#pragma unroll
+          for (int m = 0; m < kWords; ++m) {
+            const uint4 kw = k4[tq + 4 * m];
+            mma_bf16_16x8x16(sc[j], qa[2 * m], kw.x, kw.y);
+            mma_bf16_16x8x16(sc[j], qa[2 * m + 1], kw.z, kw.w);
+          }
+        }
+        const bool row_live[2] = {tile < row_end[0], tile < row_end[1]};
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int32_t p = tile + 8 * j + 2 * tq + (e & 1);
+            sc[j][e] = p < row_end[e >> 1] ? __fmul_rn(sc[j][e], scale) : -INFINITY;
+            tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[j][e]);
+          }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        }
+        const int w_of_tile = ti % kStates;
+        if (s < n_tiles) {
+          // Pass 1: the state's max.
+#pragma unroll
+          for (int w = 0; w < kStates; ++w)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              if (w == w_of_tile && row_live[r]) m_state[w][r] = fmaxf(m_state[w][r], tile_max[r]);
+          if (s == n_tiles - 1) {
+            // The merge's factors, as attention_mma_kernel takes them once its warps are done.
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              float M = m_state[0][r];
+#pragma unroll
+              for (int w = 1; w < kStates; ++w) M = fmaxf(M, m_state[w][r]);
+#pragma unroll
+              for (int w = 0; w < kStates; ++w)
+                f_state[w][r] = m_state[w][r] != -INFINITY ? expf(__fsub_rn(m_state[w][r], M)) : 0.0f;
+            }
+          }
+        } else {
+          // Pass 2: state w_of_tile's online step over this tile (attention_mma_kernel's, in its order).
+          if (ti < kStates) {  // the state's first tile
+            m_run[0] = m_run[1] = -INFINITY;
+            l_run[0] = l_run[1] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+          }
+          float corr[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float m_new = row_live[r] ? fmaxf(m_run[r], tile_max[r]) : m_run[r];
+            corr[r] = row_live[r] ? expf(__fsub_rn(m_run[r], m_new)) : 1.0f;  // 0 on the first tile
+            m_run[r] = m_new;
+            l_run[r] = __fmul_rn(l_run[r], corr[r]);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              sc[j][e] = row_live[e >> 1] ? expf(__fsub_rn(sc[j][e], m_run[e >> 1])) : 0.0f;
+              l_run[e >> 1] = __fadd_rn(l_run[e >> 1], sc[j][e]);
+            }
+#pragma unroll
+          for (int j = 0; j < kOTiles; ++j) {
+            o[j][0] = __fmul_rn(o[j][0], corr[0]);
+            o[j][1] = __fmul_rn(o[j][1], corr[0]);
+            o[j][2] = __fmul_rn(o[j][2], corr[1]);
+            o[j][3] = __fmul_rn(o[j][3], corr[1]);
+          }
+#pragma unroll
+          for (int kk = 0; kk < 2; ++kk) {
+            const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                                    pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                    pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            const int r = 16 * kk + (lane & 15), dcol = 8 * (lane >> 4);
+            const unsigned row_addr = unsigned(__cvta_generic_to_shared(v_tile + r * mma_v_row_bytes(D) + 2 * dcol));
+#pragma unroll
+            for (int j = 0; j < kOTiles; j += 2) {
+              uint32_t b0, b1, b2, b3;
+              asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                           : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                           : "r"(row_addr + unsigned(16 * j)));
+              mma_bf16_16x8x16(o[j], pa, b0, b1);
+              mma_bf16_16x8x16(o[j + 1], pa, b2, b3);
+            }
+          }
+          if (ti + kStates >= n_tiles) {
+            // The state's last tile: its l is the sum over the quad; fold it into (L, O) with its factor.
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 1));
+              l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 2));
+            }
+#pragma unroll
+            for (int w = 0; w < kStates; ++w) {
+              if (w != w_of_tile) continue;
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                if (m_state[w][r] == -INFINITY) continue;  // a state with no tile of this row: weight 0
+                L[r] = __fadd_rn(L[r], __fmul_rn(l_run[r], f_state[w][r]));
+#pragma unroll
+                for (int j = 0; j < kOTiles; ++j) {
+                  out[j][2 * r] = __fmaf_rn(o[j][2 * r], f_state[w][r], out[j][2 * r]);
+                  out[j][2 * r + 1] = __fmaf_rn(o[j][2 * r + 1], f_state[w][r], out[j][2 * r + 1]);
+                }
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();  // every warp is done with buffer s % 2 before step s + 2 stages into it
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+    // The partition's state of each row: the output itself when the token has one partition.
+    if (rows > 0) {
+      float M[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        M[r] = m_state[0][r];
+#pragma unroll
+        for (int w = 1; w < kStates; ++w) M[r] = fmaxf(M[r], m_state[w][r]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = g + 8 * r;
+        if (row >= rows) continue;
+        const int32_t t = wt0 + row / kHeads;
+        const int32_t n_parts = attention_split(a.positions[t] + 1, a.min_partition).parts;
+        if (part >= n_parts) continue;  // the partition is past this token's context
+        const int64_t h = h0 + row % kHeads, th = int64_t(t) * a.n_heads + h;
+        if (n_parts == 1) {
+          float* dst = a.out + int64_t(t) * a.n_heads * D + h * D;
+#pragma unroll
+          for (int j = 0; j < kOTiles; ++j) {
+            dst[8 * j + 2 * tq] = __fdiv_rn(out[j][2 * r], L[r]);
+            dst[8 * j + 2 * tq + 1] = __fdiv_rn(out[j][2 * r + 1], L[r]);
+          }
+        } else {
+          float* ws = a.workspace + (th * n_parts_grid + part) * (D + 2);
+#pragma unroll
+          for (int j = 0; j < kOTiles; ++j) {
+            ws[2 + 8 * j + 2 * tq] = out[j][2 * r];
+            ws[2 + 8 * j + 2 * tq + 1] = out[j][2 * r + 1];
+          }
+          if (tq == 0) ws[0] = M[r], ws[1] = L[r];
+        }
+      }
+    }
+    __syncthreads();  // the next pass stages into the buffers this one read last
+  }
+}
+
 // Merges the partitions of every (token, head) that has more than one, in partition order: a warp
 // per (token, head), kMergeWarps of them per block. At batch 1 the merge is a few KB and pure latency,
 // so every load a lane needs for the first kMergePrefetch partitions (m, l and its kPerLane values of
@@ -1901,6 +2215,16 @@ int32_t attention_min_partition() {
   return v;
 }
 
+// Which prompt build of the tensor-core attention runs: 0 attention_mma_kernel's (2 tokens of a GQA
+// group of 8 per K/V fetch), 4 or 8 attention_prompt_kernel with that many m16 tiles per block.
+int attention_prompt_warps() {
+  static const int v = [] {
+    const int w = int(env_int("SPILL_CUDA_ATTN_PROMPT_WARPS", 0, 0, 8));
+    return w >= 8 ? 8 : w >= 4 ? 4 : 0;
+  }();
+  return v;
+}
+
 int32_t attention_grid_parts(int32_t max_positions) {
   return attention_grid_partitions(max_positions, attention_min_partition());
 }
@@ -1943,10 +2267,28 @@ void paged_attention(const AttentionArgs& args, cudaStream_t stream) {
     // A prompt's consecutive tokens fill the m16 tiles together (16 / heads of them) once a step has
     // enough tokens to be mostly prompt; a decode batch keeps a block per token (more blocks, and
     // its tokens are of different sequences). The bits are the same either way.
-    const int32_t tokens = a.n >= kAttentionShareMinTokens && 16 % heads == 0 ? 16 / heads : 1;
-    const dim3 grid(grid_dim((a.n + tokens - 1) / tokens * (a.n_heads / heads), "attention"), unsigned(parts));
     const bool fp8 = a.kv_type == KvFormat::Fp8E4m3;
     if (fp8 && (!a.k_scale || !a.v_scale)) throw_error("attention: an FP8 KV cache needs its scales");
+    // A prompt over a BF16 cache: the kernel whose warps' m16 tiles share each staged K/V tile, when
+    // AttentionArgs::prompt_warps (or SPILL_CUDA_ATTN_PROMPT_WARPS) names its width, 4 or 8 m16 tiles a
+    // block; the bits are the same as the other build's.
+    if (const int width = a.prompt_warps >= 0 ? a.prompt_warps : attention_prompt_warps(); width > 0 && !fp8 && a.n >= kAttentionShareMinTokens) {
+      const int32_t tile_tokens = 16 / heads;
+      const dim3 grid(grid_dim((a.n + width * tile_tokens - 1) / (width * tile_tokens) * (a.n_heads / heads), "attention"),
+                      unsigned(parts));
+      auto go = [&](auto kernel, int D) {
+        check(allow_max_dynamic_smem(kernel), "raising the prompt attention kernel's shared memory limit");
+        launch("launching the prompt attention kernel", kernel, grid, dim3(32 * width), size_t(prompt_attention_smem(D)),
+               stream, a, parts, int32_t(heads), tile_tokens);
+      };
+      if (width != 4 && width != 8) throw_error("attention: the prompt build takes 4 or 8 m16 tiles a block, not " + str(width));
+      if (a.head_dim == 64) width == 8 ? go(attention_prompt_kernel<64, 8>, 64) : go(attention_prompt_kernel<64, 4>, 64);
+      else width == 8 ? go(attention_prompt_kernel<128, 8>, 128) : go(attention_prompt_kernel<128, 4>, 128);
+      if (parts > 1) launch_attention_merge(a, parts, stream);
+      return;
+    }
+    const int32_t tokens = a.n >= kAttentionShareMinTokens && 16 % heads == 0 ? 16 / heads : 1;
+    const dim3 grid(grid_dim((a.n + tokens - 1) / tokens * (a.n_heads / heads), "attention"), unsigned(parts));
     auto go = [&](auto kernel, int D) {
       const int smem = mma_attention_smem(D, fp8);
       check(allow_max_dynamic_smem(kernel),

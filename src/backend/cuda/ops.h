@@ -133,6 +133,10 @@ struct AttentionArgs {
   int32_t max_positions = 0;  // bound on positions[t] + 1 over the batch (sizes the grid)
   int32_t min_grid_parts = 0; // at least this many partitions in the grid (a graph's fixed grid)
   float* workspace = nullptr;  // attention_workspace_floats(...) floats
+  // The prompt build of the tensor-core kernel: -1 attention_prompt_warps() (the process's choice), 0
+  // the m16-tile-per-fetch build, 4 or 8 the build whose block of that many m16 tiles shares each K/V
+  // fetch. A speed choice only: every build gives each token its decode bits.
+  int32_t prompt_warps = -1;
   // Set by paged_attention (attention_min_partition()), not by callers: every kernel of a call splits alike.
   int32_t min_partition = kMinAttentionPartition;
 };
@@ -140,6 +144,8 @@ struct AttentionArgs {
 // multiple of 32, 32 to 4096) for measurement. Read once per process; a token's bits depend on it
 // (the partitions' merge order), never on its batch.
 int32_t attention_min_partition();
+// SPILL_CUDA_ATTN_PROMPT_WARPS (0, 4 or 8; default 0): the prompt build AttentionArgs::prompt_warps = -1 takes.
+int attention_prompt_warps();
 // Partitions a grid needs for a batch whose longest context is max_positions, under this process's
 // split (attention_grid_partitions with attention_min_partition()): what paged_attention launches,
 // so what a caller sizes a fixed grid or a workspace by.

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Device round for the prompt builds of the tensor-core attention (AttentionArgs::prompt_warps,
+# SPILL_CUDA_ATTN_PROMPT_WARPS 0 / 4 / 8): the attention and runner tests, memcheck and racecheck on
+# the prompt-bits test, then prompts timed under each build, alternating them in one call: S30 (48
+# layers) at 512, 4K and 32K tokens, S235 (8 of its 94 layers, so that any card holds it) at 32K, and
+# the whole S235 at 32K under the builds named in FULL (default "8 0") when the card holds it (the
+# H200). Logs under $OUT (logs.tar.gz); the prefill lines are printed as each run ends.
+#   usage (repo root, device): WIDTHS="0 4 8" tools/gpu/prompt_attention_round.sh      carry: [".carry/pack.tar.xz"]
+cd "$(dirname "$0")/../.." || exit 1
+. tools/gpu/round_common.sh
+WIDTHS="${WIDTHS:-0 4 8}"
+if [ "${TESTS:-}" != none ]; then
+  gpu_tests "${TESTS:-CudaOps.*Attention*:CudaRunner*}" 150 || [ "${KEEP_GOING:-0}" = 1 ] || exit 1
+  sanitize memcheck CudaOps.TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits 90
+  sanitize racecheck CudaOps.TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits 120
+fi
+# prompt NAME SHAPE LAYERS CONTEXT CHUNK WIDTH [BATCHES]: a prefill per entry of BATCHES (default 1; 1,1
+# times a second, warm one) and 2 decode steps, under prompt build WIDTH.
+prompt() {
+  timeout $(budget 150) env SPILL_CUDA_ATTN_PROMPT_WARPS=$6 $B/cuda_decode_bench --shape tests/data/shapes/$2.json \
+    --layers $3 --batches ${7:-1} --context $4 --prefill-chunk $5 --steps 2 --warmup 0 > "$OUT/$1-w$6.txt" 2>&1
+  echo "== $1 build $6: rc=$? $(grep -E 'prefill of' "$OUT/$1-w$6.txt" | head -1)"
+}
+for w in $WIDTHS; do prompt s30-512 s30 48 512 512 $w 1,1; done
+for w in $WIDTHS; do prompt s30-4k s30 48 4096 4096 $w 1,1; done
+stamp
+for w in $WIDTHS; do prompt s235x8-32k s235 8 32768 4096 $w; done
+stamp
+for w in $WIDTHS; do prompt s30-32k s30 48 32768 4096 $w; done
+stamp
+mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
+if [ "$mem_gib" -ge 120 ]; then
+  for w in ${FULL:-8 0}; do prompt s235-32k s235 94 32768 4096 $w; stamp; done
+else
+  echo "== S235 whole: skipped, the card has $mem_gib GiB"
+fi
