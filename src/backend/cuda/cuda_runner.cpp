@@ -199,7 +199,16 @@ class CudaRunner final : public ModelRunner {
     int32_t max_positions = 1;
     int32_t grid_parts = 0;  // attention partitions in the grid (0: what max_positions needs)
     bool staged = false;     // host experts staged in VRAM for this step (staging_)
+    // The step's tokens as runs of prompt chunks (at least kAttnPromptChunk tokens each) and of the
+    // rest (decodes, short chunks), in token order: attention takes each run in its own calls, so the
+    // prompt build (blocks of 8 or 16 consecutive tokens of one sequence) never holds a decode token.
+    struct AttnRun {
+      int64_t first = 0, count = 0;
+      bool prompt = false;
+    };
+    std::vector<AttnRun> attn_runs;
   };
+  static constexpr int32_t kAttnPromptChunk = 16;
   // Enqueues the step from the embedding to the logits in logits_dev_ (copied into *logits pass by
   // pass when given: more rows than one pass holds).
   void enqueue_step(const Step& step, ForwardObserver* observer, std::vector<float>* logits = nullptr);
@@ -1084,6 +1093,9 @@ int64_t CudaRunner::run_step(const ForwardBatch& batch, ForwardObserver* observe
       slots_h[t] = int64_t(c.block_table[size_t(p / bs)]) * bs + p % bs;
     }
     table_len += blocks;
+    const bool prompt = c.n_tokens >= kAttnPromptChunk;
+    if (st.attn_runs.empty() || st.attn_runs.back().prompt != prompt) st.attn_runs.push_back({c.first_token, 0, prompt});
+    st.attn_runs.back().count += c.n_tokens;
     st.max_positions = std::max(st.max_positions, c.start_pos + c.n_tokens);
     decode_only = decode_only && c.n_tokens == 1 && c.want_logits;
     if (batch.all_logits) {
@@ -1092,6 +1104,8 @@ int64_t CudaRunner::run_step(const ForwardBatch& batch, ForwardObserver* observe
       rows_h[st.rows++] = c.first_token + c.n_tokens - 1;
     }
   }
+  // Without the prompt build the step's attention is one run (one call per attn_tokens_per_call_).
+  if (cuda::attention_prompt_warps() == 0) st.attn_runs.assign(1, {0, n, false});
   // Ranks past 0 of an expert-parallel group compute no logits (rank 0 samples).
   if (sharded() && config_.shard.rank > 0) st.rows = 0;
   uint8_t* md = meta_dev_.as<uint8_t>();
@@ -1250,18 +1264,19 @@ void CudaRunner::enqueue_step(const Step& st, ForwardObserver* observer, std::ve
                         stream_);
     ++launches_;
     mark("q/k norm + rope + KV write");
-    for (int64_t t0 = 0; t0 < n; t0 += attn_tokens_per_call_) {
-      const int64_t nt = std::min(attn_tokens_per_call_, n - t0);
-      cuda::paged_attention({.q = q + t0 * ld_q, .ld_q = ld_q, .k_cache = k_cache, .v_cache = v_cache,
-                             .kv_type = config_.kv_format, .k_scale = k_scale, .v_scale = v_scale,
-                             .positions = pos_d + t0, .table_offset = table_off_d + t0,
-                             .block_tables = tables_d, .block_size = bs, .out = attn_ + t0 * Q, .n = nt,
-                             .n_heads = spec_.n_heads, .n_kv_heads = spec_.n_kv_heads, .head_dim = D,
-                             .max_positions = max_positions, .min_grid_parts = st.grid_parts,
-                             .workspace = attn_workspace_},
-                            stream_);
-      launches_ += attention_launches;
-    }
+    for (const Step::AttnRun& run : st.attn_runs)
+      for (int64_t t0 = run.first; t0 < run.first + run.count; t0 += attn_tokens_per_call_) {
+        const int64_t nt = std::min(attn_tokens_per_call_, run.first + run.count - t0);
+        cuda::paged_attention({.q = q + t0 * ld_q, .ld_q = ld_q, .k_cache = k_cache, .v_cache = v_cache,
+                               .kv_type = config_.kv_format, .k_scale = k_scale, .v_scale = v_scale,
+                               .positions = pos_d + t0, .table_offset = table_off_d + t0,
+                               .block_tables = tables_d, .block_size = bs, .out = attn_ + t0 * Q, .n = nt,
+                               .n_heads = spec_.n_heads, .n_kv_heads = spec_.n_kv_heads, .head_dim = D,
+                               .max_positions = max_positions, .min_grid_parts = st.grid_parts,
+                               .workspace = attn_workspace_, .prompt_warps = run.prompt ? -1 : 0},
+                              stream_);
+        launches_ += attention_launches;
+      }
     mark("attention");
     linear(d.o, attn_, n, proj_, d.o_bias);
     mark("o projection");
