@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Device round for the prompt builds of the tensor-core attention (AttentionArgs::prompt_warps,
-# SPILL_CUDA_ATTN_PROMPT_WARPS 0 / 4 / 8): the attention and runner tests, memcheck and racecheck on
-# the prompt-bits test, then prompts timed under each build, alternating them in one call: S30 (48
-# layers) at 512, 4K and 32K tokens, S235 (8 of its 94 layers, so that any card holds it) at 32K, and
-# the whole S235 at 32K under the builds named in FULL (default "8 0") when the card holds it (the
-# H200). Logs under $OUT (logs.tar.gz); the prefill lines are printed as each run ends.
+# SPILL_CUDA_ATTN_PROMPT_WARPS 0 / 4 / 8): the tests named in TESTS (default the attention and runner
+# tests; none to skip), prompts timed under each build of WIDTHS, alternating them in one call: S30 (48
+# layers) at 512, 4K and 32K tokens, S235 (8 of its 94 layers, so that any card holds it) at 32K; then
+# memcheck and racecheck on SAN (default the prompt-bits test; none to skip), and last the whole S235
+# at 32K under the builds named in FULL (default "8 0") when the card holds it (the H200) and the
+# round's time (ROUND_SECONDS) allows. Logs under $OUT (logs.tar.gz); each prefill line is printed as
+# its run ends.
 #   usage (repo root, device): WIDTHS="0 4 8" tools/gpu/prompt_attention_round.sh      carry: [".carry/pack.tar.xz"]
 cd "$(dirname "$0")/../.." || exit 1
 . tools/gpu/round_common.sh
 WIDTHS="${WIDTHS:-0 4 8}"
+SAN="${SAN:-CudaOps.TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits}"
 if [ "${TESTS:-}" != none ]; then
   gpu_tests "${TESTS:-CudaOps.*Attention*:CudaRunner*}" 150 || [ "${KEEP_GOING:-0}" = 1 ] || exit 1
-  sanitize memcheck CudaOps.TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits 90
-  sanitize racecheck CudaOps.TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits 120
 fi
 # prompt NAME SHAPE LAYERS CONTEXT CHUNK WIDTH [BATCHES]: a prefill per entry of BATCHES (default 1; 1,1
 # times a second, warm one) and 2 decode steps, under prompt build WIDTH.
@@ -28,6 +29,11 @@ for w in $WIDTHS; do prompt s235x8-32k s235 8 32768 4096 $w; done
 stamp
 for w in $WIDTHS; do prompt s30-32k s30 48 32768 4096 $w; done
 stamp
+# The sanitizers after the timings, so that a slow racecheck cuts them and not the timings.
+if [ "$SAN" != none ]; then
+  sanitize memcheck "$SAN" 90
+  sanitize racecheck "$SAN" 120
+fi
 mem_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
 if [ "$mem_gib" -ge 120 ]; then
   for w in ${FULL:-8 0}; do prompt s235-32k s235 94 32768 4096 $w; stamp; done
