@@ -179,18 +179,21 @@ TEST_F(EngineTest, SaltedRequestsDoNotShareCachedBlocks) {
 // get one token in every one of those steps.
 TEST_F(EngineTest, ChunkedPrefillKeepsOtherSequencesDecodingEveryStep) {
   TraceLog log;
-  // The engine thread waits after the first step in which all three decode, until the long prompt
-  // is queued: otherwise the decoders can finish before it arrives and there is nothing to observe.
+  // The engine thread waits after its first step until all three decoders are queued (a slow test
+  // thread could otherwise let the first run far ahead of the others), and after the first step in
+  // which all three decode, until the long prompt is queued: otherwise the decoders can finish
+  // before it arrives and there is nothing to observe.
   std::mutex gate_mutex;
   std::condition_variable gate_cv;
-  bool gate_open = false;
+  bool decoders_queued = false, gate_open = false;
   auto record = log.hook();
   auto hook = [&](const StepTrace& t) {
     record(t);
     int decodes = 0;
     for (const StepTraceChunk& c : t.chunks) decodes += c.decode ? 1 : 0;
-    if (decodes < 3) return;
     std::unique_lock lock(gate_mutex);
+    gate_cv.wait_for(lock, std::chrono::seconds(30), [&] { return decoders_queued; });
+    if (decodes < 3) return;
     gate_cv.wait_for(lock, std::chrono::seconds(30), [&] { return gate_open; });
   };
   auto engine = make_engine(128, {.scheduler = {.max_running = 8, .max_batch_tokens = 16}, .on_step = hook});
@@ -200,6 +203,11 @@ TEST_F(EngineTest, ChunkedPrefillKeepsOtherSequencesDecodingEveryStep) {
     decoder_prompts.push_back(random_prompt(6 + i, 200 + uint64_t(i)));
     decoders.push_back(engine->submit(greedy_request(decoder_prompts.back(), 40)));
   }
+  {
+    std::lock_guard lock(gate_mutex);
+    decoders_queued = true;
+  }
+  gate_cv.notify_all();
   std::vector<RequestOutput> dec_out(3);
   for (int i = 0; i < 3; ++i) dec_out[size_t(i)].append(decoders[size_t(i)].next());  // all are decoding now
   const auto long_prompt = random_prompt(100, 300);
