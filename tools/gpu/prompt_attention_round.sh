@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Device round for the prompt builds of the tensor-core attention (AttentionArgs::prompt_warps,
 # SPILL_CUDA_ATTN_PROMPT_WARPS 0 / 4 / 8): the tests named in TESTS (default the attention and runner
-# tests; none to skip), prompts timed under each build of WIDTHS, alternating them in one call: S30 (48
-# layers) at 512, 4K and 32K tokens, S235 (8 of its 94 layers, so that any card holds it) at 32K; then
-# memcheck and racecheck on SAN (default the prompt-bits test; none to skip), and last the whole S235
-# at 32K under the builds named in FULL (default "8 0") when the card holds it (the H200) and the
-# round's time (ROUND_SECONDS) allows. Logs under $OUT (logs.tar.gz); each prefill line is printed as
-# its run ends.
+# tests; none to skip) and the runner's tests under the 8-wide build; prompts timed under each build of
+# WIDTHS, alternating them in one call (PROMPTS picks among S30, 48 layers, at 512, 4K and 32K tokens,
+# and 8 of S235's 94 layers, which any card holds, at 32K); memcheck and racecheck on SAN (default the
+# prompt-bits test; none to skip); last the whole S235 at 32K under the builds named in FULL (default
+# "8 0") when the card holds it (the H200) and the round's time (ROUND_SECONDS) allows. Logs under
+# $OUT (logs.tar.gz); each prefill line is printed as its run ends.
 #   usage (repo root, device): WIDTHS="0 4 8" tools/gpu/prompt_attention_round.sh      carry: [".carry/pack.tar.xz"]
 cd "$(dirname "$0")/../.." || exit 1
 . tools/gpu/round_common.sh
@@ -14,6 +14,10 @@ WIDTHS="${WIDTHS:-0 4 8}"
 SAN="${SAN:-CudaOps.TensorCoreAttentionOfAPromptGivesEachTokenItsDecodeBits}"
 if [ "${TESTS:-}" != none ]; then
   gpu_tests "${TESTS:-CudaOps.*Attention*:CudaRunner*}" 150 || [ "${KEEP_GOING:-0}" = 1 ] || exit 1
+  # The runner's tests again with the 8-wide build on for every prompt (its chunks split from the
+  # step's decodes): prefill against decode, chunked against whole, batched against alone.
+  SPILL_CUDA_ATTN_PROMPT_WARPS=8 timeout $(budget 90) $B/spill_tests --gtest_filter="CudaRunner*" > "$OUT/tests-runner-w8.txt" 2>&1
+  echo "== runner tests with the 8-wide prompt build: rc=$?"; grep -E "^\[  (FAILED|PASSED) " "$OUT/tests-runner-w8.txt" | head -10
 fi
 # prompt NAME SHAPE LAYERS CONTEXT CHUNK WIDTH [BATCHES]: a prefill per entry of BATCHES (default 1; 1,1
 # times a second, warm one) and 2 decode steps, under prompt build WIDTH.
