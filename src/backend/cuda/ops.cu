@@ -962,6 +962,123 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 w, float scale) {
                     fp8x2_to_bf16x2(w.y & 0xFFFFu, scale), fp8x2_to_bf16x2(w.y >> 16, scale));
 }
 
+// The steps of a 32-position tile that attention_mma_kernel and attention_prompt_kernel share: one
+// code for both, so that a prompt token's arithmetic is its decode arithmetic by construction.
+
+// Q of an m16 tile as bf16 A fragments, rows g and g + 8 of the lane (zero past `rows`); row r is token
+// t0 + r / kHeads, head h0 + r % kHeads.
+template <int D>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[D / 16][4], const AttentionArgs& a, int32_t t0,
+                                                 int32_t rows, int32_t kHeads, int32_t h0, int g, int tq) {
+#pragma unroll
+  for (int m = 0; m < D / 32; ++m) {
+    float x[2][8];
+    const int d0 = 8 * (tq + 4 * m);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = g + 8 * r;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[r][i] = 0.0f;
+      if (row < rows) {
+        const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(t0 + row / kHeads) * a.ld_q +
+                                                          int64_t(h0 + row % kHeads) * D + d0);
+        const float4 x0 = q[0], x1 = q[1];
+        x[r][0] = x0.x, x[r][1] = x0.y, x[r][2] = x0.z, x[r][3] = x0.w;
+        x[r][4] = x1.x, x[r][5] = x1.y, x[r][6] = x1.z, x[r][7] = x1.w;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      qa[2 * m + h][0] = pack_bf16x2(x[0][4 * h], x[0][4 * h + 1]);
+      qa[2 * m + h][1] = pack_bf16x2(x[1][4 * h], x[1][4 * h + 1]);
+      qa[2 * m + h][2] = pack_bf16x2(x[0][4 * h + 2], x[0][4 * h + 3]);
+      qa[2 * m + h][3] = pack_bf16x2(x[1][4 * h + 2], x[1][4 * h + 3]);
+    }
+  }
+}
+
+// S of a tile (the lane holds positions 2 tq, 2 tq + 1 of each n tile of 8, rows g and g + 8) scaled
+// by `scale`, -inf at and past each row's end; tile_max gets each row's max over the lane's values.
+__device__ __forceinline__ void mask_tile_scores(float (&sc)[4][4], int32_t tile, const int32_t (&row_end)[2],
+                                                 float scale, int tq, float (&tile_max)[2]) {
+  tile_max[0] = tile_max[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int32_t p = tile + 8 * j + 2 * tq + (e & 1);
+      sc[j][e] = p < row_end[e >> 1] ? __fmul_rn(sc[j][e], scale) : -INFINITY;
+      tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[j][e]);
+    }
+}
+
+// The online softmax over one tile: each row's max over its quad, the state's factor (0 on its first
+// tile), l and O rescaled, the weights exp(s - m) into sc and summed into l in (n tile, element)
+// order. A row that is not live keeps its state exactly (factor 1, weights 0).
+template <int kOTiles>
+__device__ __forceinline__ void online_softmax_step(float (&sc)[4][4], float (&tile_max)[2], const bool (&row_live)[2],
+                                                    float (&m_run)[2], float (&l_run)[2], float (&o)[kOTiles][4]) {
+  float corr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = row_live[r] ? fmaxf(m_run[r], tile_max[r]) : m_run[r];
+    corr[r] = row_live[r] ? expf(__fsub_rn(m_run[r], m_new)) : 1.0f;  // 0 on the first tile
+    m_run[r] = m_new;
+    l_run[r] = __fmul_rn(l_run[r], corr[r]);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sc[j][e] = row_live[e >> 1] ? expf(__fsub_rn(sc[j][e], m_run[e >> 1])) : 0.0f;  // 0 past the row's end
+      l_run[e >> 1] = __fadd_rn(l_run[e >> 1], sc[j][e]);
+    }
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) {
+    o[j][0] = __fmul_rn(o[j][0], corr[0]);
+    o[j][1] = __fmul_rn(o[j][1], corr[0]);
+    o[j][2] = __fmul_rn(o[j][2], corr[1]);
+    o[j][3] = __fmul_rn(o[j][3], corr[1]);
+  }
+}
+
+// O += P V over the tile's 32 positions: P's A fragments are S's C fragments of n tiles 2kk and
+// 2kk + 1, V's B fragments come by ldmatrix.trans from the bf16 tile in shared memory (rows of
+// mma_v_row_bytes(D)).
+template <int D>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&sc)[4][4], const uint8_t* v_tile,
+                                              int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                            pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                            pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+    // Lanes 0-7 address rows 16kk + 0..7 of dims 8j.., 8-15 rows 16kk + 8..15, 16-31 the same for 8(j+1)..
+    const int r = 16 * kk + (lane & 15), dcol = 8 * (lane >> 4);
+    const unsigned row_addr = unsigned(__cvta_generic_to_shared(v_tile + r * mma_v_row_bytes(D) + 2 * dcol));
+#pragma unroll
+    for (int j = 0; j < D / 8; j += 2) {
+      uint32_t b0, b1, b2, b3;
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                   : "r"(row_addr + unsigned(16 * j)));
+      mma_bf16_16x8x16(o[j], pa, b0, b1);
+      mma_bf16_16x8x16(o[j + 1], pa, b2, b3);
+    }
+  }
+}
+
+// A row's l summed over its quad (every lane of the quad gets the same sum).
+__device__ __forceinline__ void quad_sum(float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = __fadd_rn(l[r], __shfl_xor_sync(0xffffffffu, l[r], 1));
+    l[r] = __fadd_rn(l[r], __shfl_xor_sync(0xffffffffu, l[r], 2));
+  }
+}
+
 // The prompt build is held to 168 registers (3 blocks per SM instead of 2, 16 bytes spilled).
 // kFp8: the cache holds e4m3 bytes and a scale per (slot, KV head); K words and V tiles are turned
 // into the bf16 values quant::kv_fp8_to_bf16 gives as they arrive, and from there on the arithmetic
@@ -1026,31 +1143,7 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
 
     // Q as A fragments: rows g and g + 8 (zero past the pass's rows).
     uint32_t qa[kSteps][4];
-#pragma unroll
-    for (int m = 0; m < kWords; ++m) {
-      float x[2][8];
-      const int d0 = 8 * (tq + 4 * m);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = g + 8 * r;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[r][i] = 0.0f;
-        if (row < rows) {
-          const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(pt0 + row / kHeads) * a.ld_q +
-                                                            int64_t(h0 + row % kHeads) * D + d0);
-          const float4 x0 = q[0], x1 = q[1];
-          x[r][0] = x0.x, x[r][1] = x0.y, x[r][2] = x0.z, x[r][3] = x0.w;
-          x[r][4] = x1.x, x[r][5] = x1.y, x[r][6] = x1.z, x[r][7] = x1.w;
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        qa[2 * m + h][0] = pack_bf16x2(x[0][4 * h], x[0][4 * h + 1]);
-        qa[2 * m + h][1] = pack_bf16x2(x[1][4 * h], x[1][4 * h + 1]);
-        qa[2 * m + h][2] = pack_bf16x2(x[0][4 * h + 2], x[0][4 * h + 3]);
-        qa[2 * m + h][3] = pack_bf16x2(x[1][4 * h + 2], x[1][4 * h + 3]);
-      }
-    }
+    load_q_fragments<D>(qa, a, pt0, rows, kHeads, h0, g, tq);
 
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
     float o[kOTiles][4];
@@ -1130,39 +1223,9 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
       // whose context ends before the tile keeps its state exactly (factor 1, weights 0), so it ends
       // with the bits of a pass that never saw the tile.
       const bool row_live[2] = {!kShare || tile < row_end[0], !kShare || tile < row_end[1]};
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int32_t p = tile + 8 * j + 2 * tq + (e & 1);
-          sc[j][e] = p < row_end[e >> 1] ? __fmul_rn(sc[j][e], scale) : -INFINITY;
-          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[j][e]);
-        }
-      float corr[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float m_new = row_live[r] ? fmaxf(m_run[r], tile_max[r]) : m_run[r];
-        corr[r] = row_live[r] ? expf(__fsub_rn(m_run[r], m_new)) : 1.0f;  // 0 on the first tile
-        m_run[r] = m_new;
-        l_run[r] = __fmul_rn(l_run[r], corr[r]);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[j][e] = row_live[e >> 1] ? expf(__fsub_rn(sc[j][e], m_run[e >> 1])) : 0.0f;  // 0 past the row's end
-          l_run[e >> 1] = __fadd_rn(l_run[e >> 1], sc[j][e]);
-        }
-#pragma unroll
-      for (int j = 0; j < kOTiles; ++j) {
-        o[j][0] = __fmul_rn(o[j][0], corr[0]);
-        o[j][1] = __fmul_rn(o[j][1], corr[0]);
-        o[j][2] = __fmul_rn(o[j][2], corr[1]);
-        o[j][3] = __fmul_rn(o[j][3], corr[1]);
-      }
+      float tile_max[2];
+      mask_tile_scores(sc, tile, row_end, scale, tq, tile_max);
+      online_softmax_step(sc, tile_max, row_live, m_run, l_run, o);
       // O += P V: P's A fragments are S's C fragments of n tiles 2kk and 2kk + 1.
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
       __syncwarp();
@@ -1181,31 +1244,9 @@ __global__ void __launch_bounds__(kBlock, kShare ? 3 : 1) attention_mma_kernel(A
         }
         __syncwarp();
       }
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                                pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-        // Lanes 0-7 address rows 16kk + 0..7 of dims 8j.., 8-15 rows 16kk + 8..15, 16-31 the same for 8(j+1)..
-        const int r = 16 * kk + (lane & 15), dcol = 8 * (lane >> 4);
-        const unsigned row_addr = unsigned(__cvta_generic_to_shared(v_tile + r * mma_v_row_bytes(D) + 2 * dcol));
-#pragma unroll
-        for (int j = 0; j < kOTiles; j += 2) {
-          uint32_t b0, b1, b2, b3;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                       : "r"(row_addr + unsigned(16 * j)));
-          mma_bf16_16x8x16(o[j], pa, b0, b1);
-          mma_bf16_16x8x16(o[j + 1], pa, b2, b3);
-        }
-      }
+      accumulate_pv<D>(o, sc, v_tile, lane);
     }
-    // A row's l is the sum over its quad.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 1));
-      l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 2));
-    }
+    quad_sum(l_run);  // a row's l is the sum over its quad
     __syncthreads();  // every warp is done with its V tile: the bytes hold the warps' O now
     float* acc_s = reinterpret_cast<float*>(smem);  // [warp][16][D]
     if (tq == 0) {
@@ -1337,33 +1378,9 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attention_prompt_kern
       const int row = g + 8 * r;
       row_end[r] = row < rows ? max(pb, min(a.positions[wt0 + row / kHeads] + 1, pb + len)) : pb;
     }
-    // Q as A fragments: rows g and g + 8 (zero past the warp's rows), as attention_mma_kernel takes them.
+    // Q as A fragments: rows g and g + 8 (zero past the warp's rows).
     uint32_t qa[kSteps][4];
-#pragma unroll
-    for (int m = 0; m < kWords; ++m) {
-      float x[2][8];
-      const int d0 = 8 * (tq + 4 * m);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = g + 8 * r;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[r][i] = 0.0f;
-        if (row < rows) {
-          const float4* q = reinterpret_cast<const float4*>(a.q + int64_t(wt0 + row / kHeads) * a.ld_q +
-                                                            int64_t(h0 + row % kHeads) * D + d0);
-          const float4 x0 = q[0], x1 = q[1];
-          x[r][0] = x0.x, x[r][1] = x0.y, x[r][2] = x0.z, x[r][3] = x0.w;
-          x[r][4] = x1.x, x[r][5] = x1.y, x[r][6] = x1.z, x[r][7] = x1.w;
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        qa[2 * m + h][0] = pack_bf16x2(x[0][4 * h], x[0][4 * h + 1]);
-        qa[2 * m + h][1] = pack_bf16x2(x[1][4 * h], x[1][4 * h + 1]);
-        qa[2 * m + h][2] = pack_bf16x2(x[0][4 * h + 2], x[0][4 * h + 3]);
-        qa[2 * m + h][3] = pack_bf16x2(x[1][4 * h + 2], x[1][4 * h + 3]);
-      }
-    }
+    load_q_fragments<D>(qa, a, wt0, rows, kHeads, h0, g, tq);
 
     // Steps: pass 1 takes tiles 0 .. n_tiles - 1 (K only); pass 2 takes state 0's tiles 0, 4, ..., then
     // state 1's 1, 5, ..., and so on (K and V).
@@ -1434,23 +1451,16 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attention_prompt_kern
           }
         }
         const bool row_live[2] = {tile < row_end[0], tile < row_end[1]};
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int32_t p = tile + 8 * j + 2 * tq + (e & 1);
-            sc[j][e] = p < row_end[e >> 1] ? __fmul_rn(sc[j][e], scale) : -INFINITY;
-            tile_max[e >> 1] = fmaxf(tile_max[e >> 1], sc[j][e]);
-          }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        }
+        float tile_max[2];
+        mask_tile_scores(sc, tile, row_end, scale, tq, tile_max);
         const int w_of_tile = ti % kStates;
         if (s < n_tiles) {
-          // Pass 1: the state's max.
+          // Pass 1: the state's max (each row's tile max over its quad, as online_softmax_step takes it).
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+          }
 #pragma unroll
           for (int w = 0; w < kStates; ++w)
 #pragma unroll
@@ -1476,52 +1486,11 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attention_prompt_kern
 #pragma unroll
             for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
           }
-          float corr[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float m_new = row_live[r] ? fmaxf(m_run[r], tile_max[r]) : m_run[r];
-            corr[r] = row_live[r] ? expf(__fsub_rn(m_run[r], m_new)) : 1.0f;  // 0 on the first tile
-            m_run[r] = m_new;
-            l_run[r] = __fmul_rn(l_run[r], corr[r]);
-          }
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              sc[j][e] = row_live[e >> 1] ? expf(__fsub_rn(sc[j][e], m_run[e >> 1])) : 0.0f;
-              l_run[e >> 1] = __fadd_rn(l_run[e >> 1], sc[j][e]);
-            }
-#pragma unroll
-          for (int j = 0; j < kOTiles; ++j) {
-            o[j][0] = __fmul_rn(o[j][0], corr[0]);
-            o[j][1] = __fmul_rn(o[j][1], corr[0]);
-            o[j][2] = __fmul_rn(o[j][2], corr[1]);
-            o[j][3] = __fmul_rn(o[j][3], corr[1]);
-          }
-#pragma unroll
-          for (int kk = 0; kk < 2; ++kk) {
-            const uint32_t pa[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                                    pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                    pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-            const int r = 16 * kk + (lane & 15), dcol = 8 * (lane >> 4);
-            const unsigned row_addr = unsigned(__cvta_generic_to_shared(v_tile + r * mma_v_row_bytes(D) + 2 * dcol));
-#pragma unroll
-            for (int j = 0; j < kOTiles; j += 2) {
-              uint32_t b0, b1, b2, b3;
-              asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                           : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                           : "r"(row_addr + unsigned(16 * j)));
-              mma_bf16_16x8x16(o[j], pa, b0, b1);
-              mma_bf16_16x8x16(o[j + 1], pa, b2, b3);
-            }
-          }
+          online_softmax_step(sc, tile_max, row_live, m_run, l_run, o);
+          accumulate_pv<D>(o, sc, v_tile, lane);
           if (ti + kStates >= n_tiles) {
             // The state's last tile: its l is the sum over the quad; fold it into (L, O) with its factor.
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 1));
-              l_run[r] = __fadd_rn(l_run[r], __shfl_xor_sync(0xffffffffu, l_run[r], 2));
-            }
+            quad_sum(l_run);
 #pragma unroll
             for (int w = 0; w < kStates; ++w) {
               if (w != w_of_tile) continue;
