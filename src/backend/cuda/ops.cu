@@ -1422,7 +1422,7 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attention_prompt_kern
     float m_state[kStates][2];  // pass 1: each state's final max, rows g and g + 8
 #pragma unroll
     for (int w = 0; w < kStates; ++w) m_state[w][0] = m_state[w][1] = -INFINITY;
-    float f_state[kStates][2] = {}, L[2] = {0.0f, 0.0f}, out[kOTiles][4];
+    float M[2] = {-INFINITY, -INFINITY}, f_state[kStates][2] = {}, L[2] = {0.0f, 0.0f}, out[kOTiles][4];
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, o[kOTiles][4];
 #pragma unroll
     for (int j = 0; j < kOTiles; ++j)
@@ -1470,12 +1470,12 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attention_prompt_kern
             // The merge's factors, as attention_mma_kernel takes them once its warps are done.
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              float M = m_state[0][r];
+              M[r] = m_state[0][r];
 #pragma unroll
-              for (int w = 1; w < kStates; ++w) M = fmaxf(M, m_state[w][r]);
+              for (int w = 1; w < kStates; ++w) M[r] = fmaxf(M[r], m_state[w][r]);
 #pragma unroll
               for (int w = 0; w < kStates; ++w)
-                f_state[w][r] = m_state[w][r] != -INFINITY ? expf(__fsub_rn(m_state[w][r], M)) : 0.0f;
+                f_state[w][r] = m_state[w][r] != -INFINITY ? expf(__fsub_rn(m_state[w][r], M[r])) : 0.0f;
             }
           }
         } else {
@@ -1514,13 +1514,6 @@ __global__ void __launch_bounds__(32 * kWarps, 8 / kWarps) attention_prompt_kern
 
     // The partition's state of each row: the output itself when the token has one partition.
     if (rows > 0) {
-      float M[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        M[r] = m_state[0][r];
-#pragma unroll
-        for (int w = 1; w < kStates; ++w) M[r] = fmaxf(M[r], m_state[w][r]);
-      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = g + 8 * r;
@@ -2189,7 +2182,9 @@ int32_t attention_min_partition() {
 int attention_prompt_warps() {
   static const int v = [] {
     const int w = int(env_int("SPILL_CUDA_ATTN_PROMPT_WARPS", 0, 0, 8));
-    return w >= 8 ? 8 : w >= 4 ? 4 : 0;
+    if (w != 0 && w != 4 && w != 8)
+      throw_error("SPILL_CUDA_ATTN_PROMPT_WARPS=" + str(w) + ": the prompt build takes 0 (off), 4 or 8 m16 tiles a block");
+    return w;
   }();
   return v;
 }
